@@ -1,0 +1,5 @@
+"""layerlab science: layers (plain torch modules) and tasks (train loops).
+
+Nothing here imports the service, the workers, Ray or MLflow, so a registered model that bundles
+this package loads in an environment that has only torch.
+"""

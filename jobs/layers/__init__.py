@@ -1,0 +1,1 @@
+"""Torch modules for the primitives we study. Import them from their own files."""

@@ -1,0 +1,288 @@
+"""Tversky similarity layers (Doumbouya, Jurafsky & Manning, "Tversky Neural Networks", ICLR 2026).
+
+The math is the official library's (`tversky==0.2.1`, `tversky.nn` + `differentiable_tversky_v2`), not the
+paper's per-feature equations: for min/max/gmean/softmin the reduction is applied to the two aggregated sums
+IA, IB, and substractmatch is ignorematch + relu(IA - IB) (see /work/shared/reference/tversky.md §1.3-1.4).
+The per-feature variants are different models and are not implemented here.
+
+How this differs from the library (the outputs and gradients are otherwise the same; tests/jobs/layers):
+- Computed with GEMMs on [N, F] / [P, F] factors (tversky.md §2.1): 2 GEMM units for every Ψ but product, 3 for
+  product; product + ignorematch + contrast is ONE GEMM of width 2F (2 units). Never [N, P, F].
+- Indicators are cast to the input dtype, so a bf16 module works (the library casts to float32 and fails).
+- gmean has a zero (not NaN) gradient where a feature set is empty; the forward is identical.
+- Parameters are plain `nn.Parameter`s named `feature_bank` [F, d] and `prototypes` [P, d] (the library
+  wraps them in `nn.Embedding`, so its keys end in `.weight`).
+- Initialisation has a family (uniform / normal / orthogonal) and a width-aware default scale.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, get_args
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Intersection = Literal["product", "min", "max", "mean", "gmean", "softmin"]
+Difference = Literal["ignorematch", "substractmatch"]  # the library's spelling
+SimilarityModel = Literal["contrast", "ratio"]
+Init = Literal["uniform", "normal", "orthogonal"]
+
+INTERSECTIONS: tuple[str, ...] = get_args(Intersection)
+DIFFERENCES: tuple[str, ...] = get_args(Difference)
+SIMILARITIES: tuple[str, ...] = get_args(SimilarityModel)
+INITS: tuple[str, ...] = get_args(Init)
+
+
+def _check(kind: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"unknown {kind} {value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
+def default_init_scale(init: str, in_features: int, num_features: int) -> float:
+    """Scale used when `init_scale` is None.
+
+    Each rule is 1.0 (the unit initialiser: U(0, 1), N(0, 1), orthogonal gain 1) at the paper's XOR shape
+    (d=2, F=16), so there it is the library's init. It shrinks with width because the library's U(0, 1)
+    gives logits of ~1e5 at d=512 (tversky.md §1.1): logits sum F terms of (x·f)(π·f), each growing with d.
+    `benchmarks/tversky_init_scale.py` measures mean |logit| of 0.5-51 for d in [2, 2048], F in [4, 8192].
+    """
+    _check("init", init, INITS)
+    d, f = in_features, num_features
+    if init == "uniform":  # product terms ~ b^3 d^1.5 F, difference terms ~ b^2 d F
+        return math.sqrt(2 / d) * (16 / f) ** (1 / 3)
+    if init == "normal":
+        return math.sqrt(2 / d) * math.sqrt(16 / f)
+    return math.sqrt(16 / f)  # orthogonal rows already have norm <= 1 whatever d is
+
+
+def init_tensor_(w: torch.Tensor, init: str, scale: float) -> torch.Tensor:
+    """In place: U(0, scale), N(0, scale^2), or orthogonal with gain `scale`."""
+    _check("init", init, INITS)
+    with torch.no_grad():
+        if init == "uniform":
+            return nn.init.uniform_(w, 0.0, scale)
+        if init == "normal":
+            return nn.init.normal_(w, 0.0, scale)
+        if w.dtype in (torch.float32, torch.float64):
+            return nn.init.orthogonal_(w, gain=scale)
+        # orthogonal_ runs a QR decomposition, which has no bf16/fp16 kernel: draw in float32, then cast.
+        return w.copy_(nn.init.orthogonal_(torch.empty_like(w, dtype=torch.float32), gain=scale))
+
+
+def _gmean(ia: torch.Tensor, ib: torch.Tensor) -> torch.Tensor:
+    # The library's exp((log IA + log IB) / 2) with both logs taken on 1 where IA or IB is 0. The forward is
+    # unchanged (the library gives exp(-inf) = 0 there) but the backward is 0 instead of 0 * inf = NaN, which
+    # the library hits on XOR's all-zero input (tversky.md §1.6). IA, IB >= 0 by construction.
+    both = (ia > 0) & (ib > 0)
+    ia_safe = torch.where(both, ia, torch.ones_like(ia))
+    ib_safe = torch.where(both, ib, torch.ones_like(ib))
+    out = torch.exp((torch.log(ia_safe) + torch.log(ib_safe)) / 2.0)
+    return torch.where(both, out, torch.zeros_like(out))
+
+
+_REDUCE = {
+    "min": torch.minimum,
+    "max": torch.maximum,
+    "mean": lambda ia, ib: (ia + ib) / 2,
+    "gmean": _gmean,
+    "softmin": lambda ia, ib: -torch.logsumexp(-torch.stack([ia, ib], dim=0), dim=0),  # [2, N, P] -> [N, P]
+}
+
+
+def tversky_similarity(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    feature_bank: torch.Tensor,
+    theta: torch.Tensor,
+    alpha: torch.Tensor,
+    beta: torch.Tensor,
+    intersection: str = "product",
+    difference: str = "ignorematch",
+    similarity: str = "contrast",
+    normalize: bool = False,
+) -> torch.Tensor:
+    """All-pairs Tversky similarity S(x_i, y_j): x [N, d], y [P, d], feature_bank [F, d] -> [N, P]."""
+    if normalize:  # the library normalises both sides, never the feature bank (tversky.md §1.1)
+        x = F.normalize(x, dim=-1)
+        y = F.normalize(y, dim=-1)
+    # Feature measures (tversky.md §1.2): relu(x·f_k) equals the library's dot * (dot > 0) in value and
+    # gradient (both 0 at dot = 0). Indicators have no gradient (no straight-through), as in the library.
+    u = F.relu(x @ feature_bank.T)  # [N, F]
+    v = F.relu(y @ feature_bank.T)  # [P, F]
+    u_in = (u > 0).to(u.dtype)  # [N, F], in the compute dtype so bf16 and autocast both work
+    v_in = (v > 0).to(v.dtype)  # [P, F]
+
+    if intersection == "product" and difference == "ignorematch" and similarity == "contrast":
+        # S = θ Σ u v - α Σ u (1 - v̄) - β Σ (1 - ū) v = [u | 1-ū] · [θv - α(1-v̄) | -βv]ᵀ  (tversky.md §2.1).
+        # Folding the complements into the factors, rather than subtracting salience s_A 1ᵀ afterwards,
+        # keeps one GEMM without the cancellation s_A - IA has in low precision.
+        left = torch.cat([u, 1 - u_in], dim=1)  # [N, 2F]
+        right = torch.cat([theta * v - alpha * (1 - v_in), -beta * v], dim=1)  # [P, 2F]
+        return left @ right.T  # [N, P]
+
+    ia = u @ v_in.T  # [N, P]  Σ_k u_k 1[v_k > 0]
+    ib = u_in @ v.T  # [N, P]  Σ_k 1[u_k > 0] v_k
+    # ignorematch: Σ_k u_k 1[v_k <= 0] = s_A - IA, so no GEMM against the complement indicator.
+    diff_xy = u.sum(dim=1, keepdim=True) - ia  # [N, 1] - [N, P]
+    diff_yx = v.sum(dim=1)[None, :] - ib  # [1, P] - [N, P]; already the transpose of f(B - A)
+    if difference == "substractmatch":
+        # The library adds IA·1[IA>IB] - IB·1[IA>IB]: the same value and gradient as relu(IA - IB).
+        diff_xy = diff_xy + F.relu(ia - ib)
+        diff_yx = diff_yx + F.relu(ib - ia)
+    inter = u @ v.T if intersection == "product" else _REDUCE[intersection](ia, ib)  # [N, P]
+
+    if similarity == "contrast":
+        return theta * inter - alpha * diff_xy - beta * diff_yx
+    # ratio: θ is unused (no gradient), as in the library; DDP then needs find_unused_parameters=True.
+    return inter / (inter + alpha * diff_xy + beta * diff_yx + 1)
+
+
+class _TverskyBase(nn.Module):
+    """Options, the feature bank and θ, α, β, shared by both layers."""
+
+    def __init__(
+        self,
+        in_features: int,
+        num_features: int,
+        intersection: str,
+        difference: str,
+        similarity: str,
+        normalize: bool,
+        feature_init: str,
+        init_scale: float | None,
+        feature_bank: nn.Parameter | None,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+    ) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.in_features = in_features
+        self.num_features = num_features
+        self.intersection = _check("intersection", intersection, INTERSECTIONS)
+        self.difference = _check("difference", difference, DIFFERENCES)
+        self.similarity = _check("similarity", similarity, SIMILARITIES)
+        self.normalize = normalize
+        self.feature_init = _check("feature_init", feature_init, INITS)
+        if init_scale is not None and not init_scale > 0:
+            raise ValueError(f"init_scale: must be > 0 or None (width-aware default), got {init_scale!r}")
+        self.init_scale = init_scale
+        # A bank passed in is shared (tversky.md §3.3 "feature sharing"): it is registered here too, so a
+        # parent module's .parameters() yields it once, but only its owner re-initialises it.
+        self._owns_bank = feature_bank is None
+        if feature_bank is None:
+            feature_bank = nn.Parameter(torch.empty(num_features, in_features, **dd))
+        elif tuple(feature_bank.shape) != (num_features, in_features):
+            raise ValueError(
+                f"feature_bank: expected shape ({num_features}, {in_features}) = (num_features, in_features), "
+                f"got {tuple(feature_bank.shape)}"
+            )
+        self.feature_bank = feature_bank
+        # Unconstrained scalars, initialised as in the library (tversky.md §1.1).
+        self.theta = nn.Parameter(torch.empty((), **dd))
+        self.alpha = nn.Parameter(torch.empty((), **dd))
+        self.beta = nn.Parameter(torch.empty((), **dd))
+
+    def _scale(self, init: str) -> float:
+        if self.init_scale is not None:
+            return self.init_scale
+        return default_init_scale(init, self.in_features, self.num_features)
+
+    def reset_parameters(self) -> None:
+        if self._owns_bank:
+            init_tensor_(self.feature_bank, self.feature_init, self._scale(self.feature_init))
+        with torch.no_grad():
+            self.theta.fill_(1.0)
+            self.alpha.fill_(0.5)
+            self.beta.fill_(0.5)
+
+    def _similarity(self, x: torch.Tensor, y: torch.Tensor, feature_bank: torch.Tensor | None) -> torch.Tensor:
+        bank = self.feature_bank if feature_bank is None else feature_bank
+        return tversky_similarity(
+            x, y, bank, self.theta, self.alpha, self.beta, self.intersection, self.difference, self.similarity,
+            self.normalize,
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        shared = "" if self._owns_bank else ", shared_bank=True"
+        return (
+            f"in_features={self.in_features}, num_features={self.num_features}, intersection={self.intersection}, "
+            f"difference={self.difference}, similarity={self.similarity}, normalize={self.normalize}{shared}"
+        )
+
+
+class TverskyProjection(_TverskyBase):
+    """Logits = Tversky similarity of each input row to `out_features` learned prototypes.
+
+    forward(x [N, d] or [..., d]) -> [N, P] or [..., P]; `prototypes` [P, d] / `feature_bank` [F, d] override
+    the layer's own (prototype tying, e.g. an LM head on the token embeddings, or a bank shared per call).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        num_features: int,
+        intersection: str = "product",
+        difference: str = "ignorematch",
+        similarity: str = "contrast",
+        normalize: bool = False,
+        prototype_init: str = "uniform",
+        feature_init: str = "uniform",
+        init_scale: float | None = None,
+        feature_bank: nn.Parameter | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(
+            in_features, num_features, intersection, difference, similarity, normalize, feature_init, init_scale,
+            feature_bank, device, dtype,
+        )  # fmt: skip
+        self.out_features = out_features
+        self.prototype_init = _check("prototype_init", prototype_init, INITS)
+        self.prototypes = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        init_tensor_(self.prototypes, self.prototype_init, self._scale(self.prototype_init))
+
+    def forward(
+        self, x: torch.Tensor, prototypes: torch.Tensor | None = None, feature_bank: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        prototypes = self.prototypes if prototypes is None else prototypes
+        lead = x.shape[:-1]
+        out = self._similarity(x.reshape(-1, x.shape[-1]), prototypes, feature_bank)  # [B*T, d] -> [B*T, P]
+        return out.reshape(*lead, out.shape[-1])  # [B*T, P] -> [B, T, P]
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, out_features={self.out_features}"
+
+
+class TverskySimilarity(_TverskyBase):
+    """All-pairs Tversky similarity: forward(x [N, d], y [M, d]) -> [N, M]. No prototypes."""
+
+    def __init__(
+        self,
+        in_features: int,
+        num_features: int,
+        intersection: str = "product",
+        difference: str = "ignorematch",
+        similarity: str = "contrast",
+        normalize: bool = False,
+        feature_init: str = "uniform",
+        init_scale: float | None = None,
+        feature_bank: nn.Parameter | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(
+            in_features, num_features, intersection, difference, similarity, normalize, feature_init, init_scale,
+            feature_bank, device, dtype,
+        )  # fmt: skip
+        self.reset_parameters()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, feature_bank: torch.Tensor | None = None) -> torch.Tensor:
+        return self._similarity(x, y, feature_bank)

@@ -1,0 +1,54 @@
+"""The only way a task talks to the outside world: a `Session`.
+
+A task's `train(cfg, session)` reads `session.checkpoint` (the state it last reported, or None on a
+fresh start), wraps its model with `session.prepare_model` (DistributedDataParallel under Ray Train,
+identity otherwise) and calls `session.report(metrics, checkpoint=state)` once per iteration. The
+worker supplies a Ray-backed session; `LocalSession` runs a task alone (`python -m jobs run ...`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import torch
+
+
+class Session(Protocol):
+    checkpoint: dict[str, Any] | None
+    """State passed to the last `report(..., checkpoint=...)` of an earlier run of this trial."""
+    device: torch.device
+    world_rank: int
+    world_size: int
+
+    def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
+        """Record one iteration. `checkpoint` must hold `"model"`: the task model's state_dict."""
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move the model to the session's device and wrap it for data-parallel training if needed."""
+
+
+class LocalSession:
+    """Runs a task in this process and prints a line per report."""
+
+    def __init__(self, checkpoint: dict[str, Any] | None = None, quiet: bool = False) -> None:
+        self.checkpoint = checkpoint
+        self.device = torch.device("cpu")
+        self.world_rank = 0
+        self.world_size = 1
+        self.history: list[dict[str, float]] = []
+        self.last_checkpoint: dict[str, Any] | None = None
+        self.quiet = quiet
+
+    def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
+        self.history.append(dict(metrics))
+        if checkpoint is not None:
+            self.last_checkpoint = checkpoint
+        if not self.quiet:
+            shown = " ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) and math.isfinite(v) else f"{k}={v}" for k, v in metrics.items()
+            )
+            print(f"[{len(self.history)}] {shown}", flush=True)
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(self.device)

@@ -1,0 +1,1 @@
+"""One module per experiment; each exposes `TASK` (see jobs/registry.py)."""

@@ -1,0 +1,95 @@
+"""/sweeps: submit, list, show, cancel."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request, status
+
+from service.api.deps import SettingsDep, StoreDep
+from service.errors import SpecError
+from service.models import SweepState
+from service.schemas import SpecErrorBody, SweepList, SweepPublic
+from service.spec import parse_spec
+
+router = APIRouter(prefix="/sweeps", tags=["sweeps"])
+
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"request body is {declared} bytes; the limit is {limit} bytes")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise HTTPException(413, f"request body is over the limit of {limit} bytes")
+    return body
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=SweepPublic,
+    responses={422: {"model": SpecErrorBody}, 413: {"description": "body too large"}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/yaml": {"schema": {"type": "string"}},
+                "application/json": {"schema": {"type": "object"}},
+            },
+        }
+    },
+)
+async def submit_sweep(request: Request, store: StoreDep, settings: SettingsDep) -> SweepPublic:
+    """Validate a sweep spec (YAML or JSON body) and queue it."""
+    body = await _read_body(request, settings.max_body_bytes)
+    ctype = request.headers.get("content-type", "application/yaml").split(";")[0].strip().lower()
+    try:
+        if ctype == "application/json":
+            try:
+                data: Any = json.loads(body)
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise SpecError([f"<document>: not valid JSON: {exc}"]) from None
+            spec = parse_spec(data if isinstance(data, dict) else {"<document>": data})
+            text = None
+        elif ctype in YAML_TYPES or ctype == "":
+            spec = parse_spec(body)
+            text = body.decode("utf-8")
+        else:
+            raise HTTPException(
+                415, f"content type {ctype!r} is not accepted; send application/yaml or application/json"
+            )
+    except SpecError as exc:
+        raise HTTPException(422, {"message": "invalid sweep spec", "errors": exc.errors}) from None
+    sweep = store.submit(spec, text, max_attempts=settings.max_attempts)
+    return SweepPublic.build(sweep, {}, settings.mlflow_ui_url)
+
+
+@router.get("", response_model=SweepList)
+def list_sweeps(
+    store: StoreDep,
+    settings: SettingsDep,
+    state: Annotated[SweepState | None, Query(description="Only sweeps in this state.")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> SweepList:
+    sweeps = store.list(state.value if state else None, limit=limit, offset=offset)
+    return SweepList(sweeps=[SweepPublic.build(s, store.trial_counts(s.id), settings.mlflow_ui_url) for s in sweeps])
+
+
+@router.get("/{sweep_id}", response_model=SweepPublic)
+def get_sweep(sweep_id: int, store: StoreDep, settings: SettingsDep) -> SweepPublic:
+    sweep = store.get(sweep_id)
+    return SweepPublic.build(sweep, store.trial_counts(sweep_id), settings.mlflow_ui_url)
+
+
+@router.post("/{sweep_id}/cancel", response_model=SweepPublic)
+def cancel_sweep(sweep_id: int, store: StoreDep, settings: SettingsDep) -> SweepPublic:
+    """Cancel a sweep: queued ones end at once; running trials stop within seconds, finished ones are kept."""
+    sweep = store.cancel(sweep_id)
+    return SweepPublic.build(sweep, store.trial_counts(sweep_id), settings.mlflow_ui_url)

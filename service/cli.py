@@ -1,0 +1,339 @@
+"""`layerlab`: operator and researcher commands (Typer + rich)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from service.errors import SpecError
+from service.settings import Settings, get_settings
+
+app = typer.Typer(help="layerlab: sweeps of new neural-network primitives on Ray Tune, tracked in MLflow.")
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def _setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def _api(method: str, path: str, **kwargs: Any) -> Any:
+    url = get_settings().api_url.rstrip("/") + path
+    try:
+        resp = httpx.request(method, url, timeout=30, **kwargs)
+    except httpx.HTTPError as exc:
+        raise _fail(
+            f"cannot reach the layerlab API at {url} ({exc}); start it with `layerlab up` "
+            "(or `layerlab serve`), or point LAYERLAB_API_URL at it"
+        ) from None
+    if resp.status_code == 422 and isinstance(resp.json().get("detail"), dict):
+        for e in resp.json()["detail"].get("errors", []):
+            err.print(f"  {e}", highlight=False)
+        raise _fail("the sweep spec is invalid; fix the fields above", 2)
+    if resp.status_code >= 400:
+        detail = resp.json().get("detail") if "json" in resp.headers.get("content-type", "") else resp.text
+        raise _fail(f"{method} {path} -> {resp.status_code}: {detail}")
+    return resp.json()
+
+
+# --- researcher commands --------------------------------------------------------------------
+
+
+@app.command()
+def validate(file: Annotated[Path, typer.Argument(help="Sweep YAML file.")]) -> None:
+    """Check a sweep spec and print every error at once (exit 2 if any)."""
+    from service.spec import parse_spec
+
+    if not file.is_file():
+        raise _fail(f"{file}: no such file", 2)
+    try:
+        spec = parse_spec(file.read_bytes())
+    except SpecError as exc:
+        err.print(f"{file}: {len(exc.errors)} error(s)", highlight=False)
+        for e in exc.errors:
+            err.print(f"  {e}", highlight=False)
+        raise typer.Exit(2) from None
+    out.print(
+        f"{file}: ok — task {spec.task}, {spec.trials_total} trial(s), metric {spec.metric.name} ({spec.metric.mode})"
+    )
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(help="Sweep YAML file.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Show progress until the sweep ends.")] = False,
+) -> None:
+    """Submit a sweep; prints its id."""
+    if not file.is_file():
+        raise _fail(f"{file}: no such file", 2)
+    body = _api("POST", "/sweeps", content=file.read_bytes(), headers={"content-type": "application/yaml"})
+    out.print(f"submitted sweep [bold]{body['id']}[/bold] ({body['name']}, {body['trials']['total']} trials)")
+    if wait:
+        watch(body["id"])
+
+
+@app.command("list")
+def list_sweeps(
+    state: Annotated[str | None, typer.Option(help="queued|running|succeeded|failed|cancelled")] = None,
+) -> None:
+    """List sweeps, newest first."""
+    body = _api("GET", "/sweeps", params={"state": state} if state else None)
+    table = Table("id", "name", "task", "state", "prio", "trials", "best")
+    for s in body["sweeps"]:
+        t = s["trials"]
+        best = "" if s["best_metric"] is None else f"{s['metric']['name']}={s['best_metric']:.4g}"
+        table.add_row(
+            str(s["id"]), s["name"], s["task"], s["state"], str(s["priority"]), f"{t['finished']}/{t['total']}", best
+        )
+    out.print(table)
+
+
+@app.command()
+def show(sweep_id: int) -> None:
+    """Show one sweep as JSON: state, trials, best so far, MLflow links, registered model."""
+    out.print_json(json.dumps(_api("GET", f"/sweeps/{sweep_id}")))
+
+
+@app.command()
+def watch(sweep_id: int, interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 1.0) -> None:
+    """A live progress bar until the sweep ends: trials finished/total, best metric so far."""
+    with Progress(
+        TextColumn("[bold]sweep {task.fields[sid]}[/bold] {task.fields[state]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("running {task.fields[running]}  errored {task.fields[errored]}  best {task.fields[best]}"),
+        TimeElapsedColumn(),
+        console=out,
+    ) as progress:
+        bar = progress.add_task("sweep", total=None, sid=sweep_id, state="", running=0, errored=0, best="-")
+        while True:
+            s = _api("GET", f"/sweeps/{sweep_id}")
+            t = s["trials"]
+            best = "-" if s["best_metric"] is None else f"{s['metric']['name']}={s['best_metric']:.4g}"
+            progress.update(
+                bar,
+                total=t["total"],
+                completed=t["finished"] + t["errored"],
+                state=s["state"],
+                running=t["running"],
+                errored=t["errored"],
+                best=best,
+            )
+            if s["state"] in TERMINAL:
+                break
+            time.sleep(interval)
+    _print_outcome(s)
+    if s["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _print_outcome(s: dict[str, Any]) -> None:
+    colour = {"succeeded": "green", "failed": "red", "cancelled": "yellow"}.get(s["state"], "white")
+    out.print(f"sweep {s['id']} [{colour}]{s['state']}[/{colour}]" + (f": {s['reason']}" if s["reason"] else ""))
+    if s["best_metric"] is not None:
+        out.print(f"best {s['metric']['name']} = {s['best_metric']:.6g} (trial {s['best_trial_id']})")
+        out.print(f"best config: {json.dumps(s['best_config'], sort_keys=True)}", highlight=False)
+    if s["mlflow"]["parent_run_url"]:
+        out.print(f"MLflow run:  {s['mlflow']['parent_run_url']}", highlight=False)
+    if s["model"]["uri"]:
+        out.print(f"registered:  {s['model']['uri']} (version {s['model']['version']})", highlight=False)
+
+
+@app.command()
+def cancel(sweep_id: int) -> None:
+    """Cancel a sweep: running trials stop within seconds, finished ones are kept."""
+    s = _api("POST", f"/sweeps/{sweep_id}/cancel")
+    out.print(f"sweep {sweep_id}: {'cancel requested' if s['state'] == 'running' else s['state']}")
+
+
+@app.command()
+def pull(
+    model: Annotated[str, typer.Argument(help="NAME, NAME@ALIAS or NAME/VERSION from the Model Registry.")],
+    dest: Annotated[Path, typer.Argument(help="Folder to download the model into.")],
+) -> None:
+    """Download a registered model (load it with mlflow.pytorch.load_model(DEST))."""
+    import mlflow
+
+    uri = f"models:/{model}" if ("@" in model or "/" in model) else f"models:/{model}/latest"
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        path = mlflow.artifacts.download_artifacts(
+            artifact_uri=uri, dst_path=str(dest), tracking_uri=get_settings().tracking_uri
+        )
+    except Exception as exc:
+        raise _fail(f"cannot download {uri}: {exc}") from None
+    out.print(f"downloaded {uri} to {path}\nload it with: mlflow.pytorch.load_model({str(path)!r})", highlight=False)
+
+
+# --- operator commands ----------------------------------------------------------------------
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 8000,
+) -> None:
+    """Run the HTTP API (OpenAPI docs at /docs)."""
+    import uvicorn
+
+    from service.app import create_app
+
+    _setup_logging()
+    uvicorn.run(create_app(), host=host, port=port, log_level="info")
+
+
+@app.command()
+def worker(
+    once: Annotated[bool, typer.Option("--once", help="Run one sweep, then exit.")] = False,
+    exit_when_idle: Annotated[bool, typer.Option("--exit-when-idle", help="Exit when the queue is empty.")] = False,
+    worker_id: Annotated[str | None, typer.Option(help="Defaults to host:pid:random.")] = None,
+) -> None:
+    """Claim sweeps and run them on Ray (local Ray unless RAY_ADDRESS is set)."""
+    from workers.worker import Worker
+
+    _setup_logging()
+    w = Worker(get_settings(), worker_id=worker_id)
+    w.install_signal_handlers()
+    w.run(once=once, exit_when_idle=exit_when_idle)
+
+
+def _mlflow_server_cmd(settings: Settings, port: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        settings.tracking_uri,
+        "--default-artifact-root",
+        settings.artifact_root.as_uri(),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+
+
+def _wait_http(url: str, timeout: float, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name, p in procs.items():
+            if p.poll() is not None:
+                raise _fail(f"{name} exited with code {p.returncode}; see {get_settings().home_abs / 'logs'}")
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise _fail(f"{url} did not answer within {timeout:.0f}s")
+
+
+@app.command()
+def up(
+    detach: Annotated[bool, typer.Option("--detach", help="Start in the background and return.")] = False,
+    api_port: Annotated[int, typer.Option()] = 8000,
+    mlflow_port: Annotated[int, typer.Option()] = 5000,
+) -> None:
+    """Start the embedded stack: MLflow UI, the API and one worker (logs in .layerlab/logs)."""
+    settings = get_settings()
+    home = settings.home_abs
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    settings.artifact_root.mkdir(parents=True, exist_ok=True)
+    pid_file = home / "up.json"
+    if pid_file.exists() and _alive(json.loads(pid_file.read_text())):
+        raise _fail(f"the stack is already running (pids in {pid_file}); stop it with `layerlab down`")
+    env = {
+        **os.environ,
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "LAYERLAB_HOME": str(home),
+        "LAYERLAB_MLFLOW_UI_URL": f"http://127.0.0.1:{mlflow_port}",
+    }
+    me = [sys.executable, "-m", "service.cli"]
+    commands = {
+        "mlflow": _mlflow_server_cmd(settings, mlflow_port),
+        "api": [*me, "serve", "--port", str(api_port)],
+        "worker": [*me, "worker"],
+    }
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    for name, cmd in commands.items():
+        log_file = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        procs[name] = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    pid_file.write_text(json.dumps({n: p.pid for n, p in procs.items()}))
+    _wait_http(f"http://127.0.0.1:{api_port}/healthz", 120, procs)
+    _wait_http(f"http://127.0.0.1:{mlflow_port}/health", 120, procs)
+    out.print(
+        f"layerlab is up: API http://127.0.0.1:{api_port} (docs at /docs), "
+        f"MLflow UI http://127.0.0.1:{mlflow_port}, logs in {logs}"
+    )
+    if detach:
+        return
+    out.print("Ctrl-C stops everything.")
+    try:
+        while all(p.poll() is None for p in procs.values()):
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    down()
+
+
+def _alive(pids: dict[str, int]) -> bool:
+    for pid in pids.values():
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+@app.command()
+def down() -> None:
+    """Stop the stack started by `layerlab up`."""
+    pid_file = get_settings().home_abs / "up.json"
+    if not pid_file.exists():
+        out.print("nothing to stop")
+        return
+    pids = json.loads(pid_file.read_text())
+    for pid in pids.values():
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 30
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in pids.values():
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    pid_file.unlink(missing_ok=True)
+    out.print("stopped")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,98 @@
+"""Queue tables. Column values of `state` are the lowercase SweepState / TrialState values."""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    """Naive UTC: SQLite keeps no time zone, and every comparison in SQL is then like with like."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class SweepState(enum.StrEnum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+TERMINAL = (SweepState.succeeded, SweepState.failed, SweepState.cancelled)
+
+
+class TrialState(enum.StrEnum):
+    pending = "pending"
+    running = "running"
+    terminated = "terminated"
+    error = "error"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Sweep(Base):
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(100), index=True)
+    task: Mapped[str] = mapped_column(String(100))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    spec_yaml: Mapped[str] = mapped_column(Text)
+    priority: Mapped[int] = mapped_column(Integer, default=50)
+    state: Mapped[str] = mapped_column(String(16), default=SweepState.queued.value, index=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    worker_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    submitted_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    trials_total: Mapped[int] = mapped_column(Integer, default=0)
+    metric_name: Mapped[str] = mapped_column(String(100))
+    metric_mode: Mapped[str] = mapped_column(String(3))
+    best_metric: Mapped[float | None] = mapped_column(Float, nullable=True)
+    best_config: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    best_trial_id: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    mlflow_experiment_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    mlflow_parent_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    model_name: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    model_version: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    model_alias: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class Trial(Base):
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("sweep_id", "trial_id", name="uq_trials_sweep_trial"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+    trial_id: Mapped[str] = mapped_column(String(100))
+    state: Mapped[str] = mapped_column(String(16), default=TrialState.pending.value)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    iteration: Mapped[int] = mapped_column(Integer, default=0)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    starts: Mapped[int] = mapped_column(Integer, default=0)
+    logged_iteration: Mapped[int] = mapped_column(Integer, default=0)
+    mlflow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Event(Base):
+    """One row per state transition: the sweep's history, for operators."""
+
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    action: Mapped[str] = mapped_column(String(32))
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -1,0 +1,292 @@
+"""The queue store: every SQL statement that moves a sweep between states lives here.
+
+States: queued -> running -> succeeded | failed | cancelled. A claim is a lease (worker id, attempt,
+expiry) that the worker renews by heartbeat. Every write a worker makes about its sweep is fenced
+on (worker id, attempt): a worker presumed dead that wakes up cannot finish a sweep that was since
+given to another worker. Expired leases are reclaimed at every claim.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.orm import Session
+
+from service.db import get_engine, migrate, session_factory
+from service.errors import InvalidTransition, LeaseLost, SweepNotFound
+from service.models import TERMINAL, Event, Sweep, SweepState, Trial, TrialState, utcnow
+from service.spec import SweepSpec, spec_to_yaml
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a worker holds while it runs a sweep."""
+
+    sweep_id: int
+    worker_id: str
+    attempt: int
+    spec: dict[str, Any]
+    spec_yaml: str
+    mlflow_experiment_id: str | None
+    mlflow_parent_run_id: str | None
+
+
+class QueueStore:
+    def __init__(self, url: str, *, run_migrations: bool = True) -> None:
+        self.engine: Engine = get_engine(url)
+        if run_migrations:
+            migrate(self.engine)
+        self._sessions = session_factory(self.engine)
+        self.is_postgres = self.engine.dialect.name == "postgresql"
+
+    def session(self) -> Session:
+        return self._sessions()
+
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
+    # --- submit / read / cancel (API side) ---------------------------------------------------
+
+    def submit(self, spec: SweepSpec, spec_yaml: str | None = None, max_attempts: int = 3) -> Sweep:
+        assert spec.metric.mode is not None, "parse_spec fills the metric mode"
+        with self.session() as s, s.begin():
+            sweep = Sweep(
+                name=spec.name,
+                task=spec.task,
+                spec=spec.model_dump(mode="json"),
+                spec_yaml=spec_yaml or spec_to_yaml(spec),
+                priority=spec.priority,
+                state=SweepState.queued.value,
+                max_attempts=max_attempts,
+                trials_total=spec.trials_total,
+                metric_name=spec.metric.name,
+                metric_mode=spec.metric.mode,
+                submitted_at=utcnow(),
+            )
+            s.add(sweep)
+            s.flush()
+            s.add(Event(sweep_id=sweep.id, action="submit", detail=f"priority {spec.priority}"))
+        log.info("submit sweep %s (%s)", sweep.id, spec.name, extra={"action": "submit", "job_id": sweep.id})
+        return sweep
+
+    def get(self, sweep_id: int) -> Sweep:
+        with self.session() as s:
+            sweep = s.get(Sweep, sweep_id)
+            if sweep is None:
+                raise SweepNotFound(sweep_id)
+            return sweep
+
+    def list(self, state: str | None = None, limit: int = 100, offset: int = 0) -> list[Sweep]:
+        q = select(Sweep).order_by(Sweep.id.desc()).limit(limit).offset(offset)
+        if state:
+            q = q.where(Sweep.state == state)
+        with self.session() as s:
+            return list(s.scalars(q))
+
+    def trials(self, sweep_id: int) -> list[Trial]:
+        with self.session() as s:
+            return list(s.scalars(select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.id)))
+
+    def trial_counts(self, sweep_id: int) -> dict[str, int]:
+        q = select(Trial.state, func.count()).where(Trial.sweep_id == sweep_id).group_by(Trial.state)
+        with self.session() as s:
+            return {state: n for state, n in s.execute(q)}
+
+    def events(self, sweep_id: int) -> list[Event]:
+        with self.session() as s:
+            return list(s.scalars(select(Event).where(Event.sweep_id == sweep_id).order_by(Event.id)))
+
+    def cancel(self, sweep_id: int) -> Sweep:
+        """A queued sweep is cancelled at once; a running one is flagged and its worker stops it."""
+        with self.session() as s, s.begin():
+            sweep = self._locked(s, sweep_id)
+            if sweep.state in TERMINAL:
+                raise InvalidTransition(sweep_id, sweep.state, "cancel")
+            if sweep.state == SweepState.queued:
+                sweep.state, sweep.finished_at = SweepState.cancelled.value, utcnow()
+                sweep.reason = "cancelled before it started"
+                s.add(Event(sweep_id=sweep_id, action="cancel", detail="while queued"))
+            else:
+                sweep.cancel_requested = True
+                s.add(Event(sweep_id=sweep_id, action="cancel_request", detail=f"worker {sweep.worker_id}"))
+        log.info("cancel sweep %s", sweep_id, extra={"action": "cancel", "job_id": sweep_id})
+        return sweep
+
+    def _locked(self, s: Session, sweep_id: int) -> Sweep:
+        q = select(Sweep).where(Sweep.id == sweep_id)
+        if self.is_postgres:
+            q = q.with_for_update()
+        sweep = s.scalars(q).first()
+        if sweep is None:
+            raise SweepNotFound(sweep_id)
+        return sweep
+
+    # --- claim / heartbeat / finish (worker side) -------------------------------------------
+
+    def reclaim_expired(self, s: Session) -> int:
+        """Return sweeps whose worker stopped heartbeating to the queue (or end them). Caller commits."""
+        now = utcnow()
+        q = select(Sweep).where(Sweep.state == SweepState.running, Sweep.lease_expires_at < now)
+        if self.is_postgres:
+            q = q.with_for_update(skip_locked=True)
+        n = 0
+        for sweep in s.scalars(q):
+            n += 1
+            lost = f"worker {sweep.worker_id} stopped renewing its lease (attempt {sweep.attempts})"
+            if sweep.cancel_requested:
+                sweep.state, sweep.reason = SweepState.cancelled.value, f"cancelled; {lost}"
+                sweep.finished_at = now
+                action = "cancel"
+            elif sweep.attempts >= sweep.max_attempts:
+                sweep.state = SweepState.failed.value
+                sweep.reason = f"{lost}; gave up after {sweep.attempts} of max_attempts={sweep.max_attempts}"
+                sweep.finished_at = now
+                action = "fail"
+            else:
+                sweep.state, action = SweepState.queued.value, "requeue"
+            sweep.worker_id, sweep.lease_expires_at = None, None
+            s.add(Event(sweep_id=sweep.id, action=action, detail=lost))
+            log.warning("%s sweep %s: %s", action, sweep.id, lost, extra={"action": action, "job_id": sweep.id})
+        return n
+
+    def claim(self, worker_id: str, lease_seconds: float) -> Claim | None:
+        """Take the queued sweep with the highest priority, oldest first; None if there is none."""
+        with self.session() as s, s.begin():
+            self.reclaim_expired(s)
+            s.flush()
+            q = (
+                select(Sweep)
+                .where(Sweep.state == SweepState.queued)
+                .order_by(Sweep.priority.desc(), Sweep.submitted_at, Sweep.id)
+                .limit(1)
+            )
+            if self.is_postgres:
+                q = q.with_for_update(skip_locked=True)
+            sweep = s.scalars(q).first()
+            if sweep is None:
+                return None
+            now = utcnow()
+            sweep.state, sweep.worker_id = SweepState.running.value, worker_id
+            sweep.attempts += 1
+            sweep.lease_expires_at = now + timedelta(seconds=lease_seconds)
+            sweep.started_at = sweep.started_at or now
+            s.add(Event(sweep_id=sweep.id, action="claim", detail=f"worker {worker_id}, attempt {sweep.attempts}"))
+            claim = Claim(
+                sweep.id,
+                worker_id,
+                sweep.attempts,
+                sweep.spec,
+                sweep.spec_yaml,
+                sweep.mlflow_experiment_id,
+                sweep.mlflow_parent_run_id,
+            )
+        log.info("claim sweep %s", claim.sweep_id, extra={"action": "claim", "job_id": claim.sweep_id})
+        return claim
+
+    def _fenced(self, claim: Claim) -> Any:
+        return update(Sweep).where(
+            Sweep.id == claim.sweep_id,
+            Sweep.worker_id == claim.worker_id,
+            Sweep.attempts == claim.attempt,
+            Sweep.state == SweepState.running,
+        )
+
+    def heartbeat(self, claim: Claim, lease_seconds: float) -> bool:
+        """Renew the lease. Returns whether a cancel was requested; raises LeaseLost if not ours."""
+        with self.session() as s, s.begin():
+            res = s.execute(self._fenced(claim).values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))
+            if res.rowcount != 1:  # type: ignore[attr-defined]
+                raise LeaseLost(claim.sweep_id, claim.worker_id, claim.attempt)
+            return bool(s.scalar(select(Sweep.cancel_requested).where(Sweep.id == claim.sweep_id)))
+
+    def _end(self, claim: Claim, state: SweepState, reason: str | None, **values: Any) -> None:
+        with self.session() as s, s.begin():
+            stmt = self._fenced(claim).values(
+                state=state.value, reason=reason, finished_at=utcnow(), lease_expires_at=None, **values
+            )
+            if s.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
+                raise LeaseLost(claim.sweep_id, claim.worker_id, claim.attempt)
+            s.add(Event(sweep_id=claim.sweep_id, action=state.value, detail=reason))
+        log.info("%s sweep %s", state.value, claim.sweep_id, extra={"action": state.value, "job_id": claim.sweep_id})
+
+    def finish(self, claim: Claim) -> None:
+        self._end(claim, SweepState.succeeded, None)
+
+    def fail(self, claim: Claim, reason: str) -> None:
+        self._end(claim, SweepState.failed, reason)
+
+    def cancelled(self, claim: Claim, reason: str = "cancelled by request") -> None:
+        self._end(claim, SweepState.cancelled, reason)
+
+    def requeue(self, claim: Claim, reason: str) -> None:
+        """Give the sweep back (worker shutting down): it keeps its place in the queue."""
+        with self.session() as s, s.begin():
+            stmt = self._fenced(claim).values(state=SweepState.queued.value, worker_id=None, lease_expires_at=None)
+            if s.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
+                raise LeaseLost(claim.sweep_id, claim.worker_id, claim.attempt)
+            s.add(Event(sweep_id=claim.sweep_id, action="requeue", detail=reason))
+
+    def set_fields(self, claim: Claim, **values: Any) -> None:
+        """Record worker-owned facts (MLflow ids, best trial, model version), fenced like the rest."""
+        with self.session() as s, s.begin():
+            if s.execute(self._fenced(claim).values(**values)).rowcount != 1:  # type: ignore[attr-defined]
+                raise LeaseLost(claim.sweep_id, claim.worker_id, claim.attempt)
+
+    # --- trials ------------------------------------------------------------------------------
+
+    def _trial(self, s: Session, sweep_id: int, trial_id: str) -> Trial:
+        q = select(Trial).where(Trial.sweep_id == sweep_id, Trial.trial_id == trial_id)
+        if self.is_postgres:
+            q = q.with_for_update()
+        trial = s.scalars(q).first()
+        if trial is None:
+            trial = Trial(sweep_id=sweep_id, trial_id=trial_id, config={}, iteration=0, starts=0, logged_iteration=0)
+            s.add(trial)
+            s.flush()
+        return trial
+
+    def trial_started(self, sweep_id: int, trial_id: str, config: dict[str, Any]) -> Trial:
+        with self.session() as s, s.begin():
+            trial = self._trial(s, sweep_id, trial_id)
+            trial.state, trial.config = TrialState.running.value, config
+            trial.starts += 1
+            trial.updated_at = utcnow()
+        return trial
+
+    def trial_result(self, sweep_id: int, trial_id: str, iteration: int, metrics: dict[str, Any]) -> None:
+        with self.session() as s, s.begin():
+            trial = self._trial(s, sweep_id, trial_id)
+            if iteration >= trial.iteration:
+                trial.iteration, trial.metrics = iteration, metrics
+            trial.updated_at = utcnow()
+
+    def trial_ended(self, sweep_id: int, trial_id: str, state: TrialState) -> None:
+        with self.session() as s, s.begin():
+            trial = self._trial(s, sweep_id, trial_id)
+            trial.state, trial.updated_at = state.value, utcnow()
+
+    def set_trial_run(self, sweep_id: int, trial_id: str, run_id: str) -> str:
+        """Store the trial's MLflow run id once; returns the id that won (an earlier one if stored)."""
+        with self.session() as s, s.begin():
+            trial = self._trial(s, sweep_id, trial_id)
+            if trial.mlflow_run_id is None:
+                trial.mlflow_run_id = run_id
+            return trial.mlflow_run_id
+
+    def advance_logged(self, sweep_id: int, trial_id: str, iteration: int) -> bool:
+        """Atomically move the trial's logged high-water mark forward; False if `iteration` was logged."""
+        with self.session() as s, s.begin():
+            self._trial(s, sweep_id, trial_id)
+            stmt = (
+                update(Trial)
+                .where(Trial.sweep_id == sweep_id, Trial.trial_id == trial_id, Trial.logged_iteration < iteration)
+                .values(logged_iteration=iteration)
+            )
+            return bool(s.execute(stmt).rowcount == 1)  # type: ignore[attr-defined]

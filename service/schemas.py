@@ -1,0 +1,107 @@
+"""API response bodies."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from service.models import Sweep
+
+
+class TrialCounts(BaseModel):
+    total: int
+    pending: int
+    running: int
+    finished: int
+    errored: int
+
+
+class MlflowLinks(BaseModel):
+    experiment_id: str | None
+    parent_run_id: str | None
+    experiment_url: str | None
+    parent_run_url: str | None
+
+
+class RegisteredModel(BaseModel):
+    name: str | None
+    version: str | None
+    alias: str | None
+    uri: str | None
+
+
+class SweepPublic(BaseModel):
+    id: int
+    name: str
+    task: str
+    state: str
+    reason: str | None
+    priority: int
+    attempts: int
+    max_attempts: int
+    cancel_requested: bool
+    worker_id: str | None
+    submitted_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    metric: dict[str, str]
+    trials: TrialCounts
+    best_metric: float | None
+    best_config: dict[str, Any] | None
+    best_trial_id: str | None
+    mlflow: MlflowLinks
+    model: RegisteredModel
+
+    @classmethod
+    def build(cls, sweep: Sweep, counts: dict[str, int], ui_url: str) -> SweepPublic:
+        ui = ui_url.rstrip("/")
+        exp, run = sweep.mlflow_experiment_id, sweep.mlflow_parent_run_id
+        uri = None
+        if sweep.model_name and sweep.model_version:
+            uri = f"models:/{sweep.model_name}@{sweep.model_alias}" if sweep.model_alias else None
+            uri = uri or f"models:/{sweep.model_name}/{sweep.model_version}"
+        seen = sum(counts.values())
+        return cls(
+            id=sweep.id,
+            name=sweep.name,
+            task=sweep.task,
+            state=sweep.state,
+            reason=sweep.reason,
+            priority=sweep.priority,
+            attempts=sweep.attempts,
+            max_attempts=sweep.max_attempts,
+            cancel_requested=sweep.cancel_requested,
+            worker_id=sweep.worker_id,
+            submitted_at=sweep.submitted_at,
+            started_at=sweep.started_at,
+            finished_at=sweep.finished_at,
+            metric={"name": sweep.metric_name, "mode": sweep.metric_mode},
+            trials=TrialCounts(
+                total=max(sweep.trials_total, seen),
+                pending=max(sweep.trials_total, seen) - seen + counts.get("pending", 0),
+                running=counts.get("running", 0),
+                finished=counts.get("terminated", 0),
+                errored=counts.get("error", 0),
+            ),
+            best_metric=sweep.best_metric,
+            best_config=sweep.best_config,
+            best_trial_id=sweep.best_trial_id,
+            mlflow=MlflowLinks(
+                experiment_id=exp,
+                parent_run_id=run,
+                experiment_url=f"{ui}/#/experiments/{exp}" if exp else None,
+                parent_run_url=f"{ui}/#/experiments/{exp}/runs/{run}" if exp and run else None,
+            ),
+            model=RegisteredModel(name=sweep.model_name, version=sweep.model_version, alias=sweep.model_alias, uri=uri),
+        )
+
+
+class SweepList(BaseModel):
+    sweeps: list[SweepPublic]
+
+
+class SpecErrorBody(BaseModel):
+    message: str
+    errors: list[str]

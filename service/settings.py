@@ -1,0 +1,55 @@
+"""Service settings, read from LAYERLAB_* environment variables (and RAY_ADDRESS)."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LAYERLAB_", extra="ignore")
+
+    home: Path = Field(default=Path(".layerlab"), description="Folder for the embedded stack's files.")
+    database_url: str | None = Field(default=None, description="Queue store; SQLite under `home` when unset.")
+    mlflow_tracking_uri: str | None = Field(default=None, description="MLflow; SQLite under `home` when unset.")
+    mlflow_ui_url: str = Field(default="http://127.0.0.1:5000", description="Base URL for links to runs.")
+    api_url: str = Field(default="http://127.0.0.1:8000", description="Where the CLI finds the API.")
+    lease_seconds: float = Field(default=30.0, gt=0, description="A claim expires this long after a heartbeat.")
+    heartbeat_seconds: float = Field(default=5.0, gt=0)
+    poll_seconds: float = Field(default=2.0, gt=0, description="Idle worker's wait between claims.")
+    max_attempts: int = Field(default=3, ge=1, description="Claims of one sweep before it fails.")
+    max_body_bytes: int = Field(default=256 * 1024, gt=0)
+    ray_num_cpus: int | None = Field(default=None, description="CPUs of a local Ray; all when unset.")
+
+    @property
+    def home_abs(self) -> Path:
+        return self.home.expanduser().resolve()
+
+    @property
+    def queue_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home_abs / 'queue.db'}"
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.mlflow_tracking_uri or f"sqlite:///{self.home_abs / 'mlflow.db'}"
+
+    @property
+    def artifact_root(self) -> Path:
+        return self.home_abs / "mlartifacts"
+
+    @property
+    def tune_storage(self) -> str:
+        return os.environ.get("LAYERLAB_TUNE_STORAGE") or str(self.home_abs / "tune")
+
+    @property
+    def ray_address(self) -> str | None:
+        return os.environ.get("RAY_ADDRESS") or None
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,187 @@
+"""SweepSpec -> ray.tune.Tuner, and the driver-side hooks that report trial progress.
+
+Tune pickles the RunConfig (callbacks and stopper included) into the experiment folder and
+`Tuner.restore` brings back those objects, not new ones. So the callback and stopper hold only the
+sweep id and look up the live context (this attempt's claim, store, tracker, cancel flag) in
+`LIVE`, which the worker fills before fit() and clears after.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray import tune
+from ray.tune.experiment import Trial as TuneTrial
+
+from service.models import TrialState
+from service.queue import Claim, QueueStore
+from service.spec import Domain, SweepSpec
+from workers.trainable import run_trial, run_trial_distributed
+from workers.tracking import SweepTracker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LiveSweep:
+    claim: Claim
+    store: QueueStore
+    tracker: SweepTracker
+    spec: SweepSpec
+    cancel: threading.Event = field(default_factory=threading.Event)
+    lease_lost: threading.Event = field(default_factory=threading.Event)
+    shutdown: threading.Event = field(default_factory=threading.Event)
+    best: float | None = None
+
+
+LIVE: dict[int, LiveSweep] = {}
+
+
+def to_domain(d: Domain) -> Any:
+    if d.grid is not None:
+        return tune.grid_search(list(d.grid))
+    if d.choice is not None:
+        return tune.choice(list(d.choice))
+    if d.uniform is not None:
+        return tune.uniform(*d.uniform)
+    if d.loguniform is not None:
+        return tune.loguniform(*d.loguniform)
+    assert d.randint is not None
+    return tune.randint(*d.randint)
+
+
+def param_space(spec: SweepSpec) -> dict[str, Any]:
+    return {**spec.params, **{k: to_domain(d) for k, d in spec.space.items()}}
+
+
+def make_trainable(spec: SweepSpec, storage_path: str) -> Any:
+    res = spec.resources
+    if spec.uses_train:
+        fn = tune.with_parameters(
+            run_trial_distributed,
+            task_name=spec.task,
+            workers=res.workers,
+            cpus=res.cpus,
+            gpus=res.gpus,
+            storage_path=storage_path,
+        )
+        # The trial itself only drives the TorchTrainer; its workers hold the resources.
+        return tune.with_resources(fn, {"CPU": 0.01})
+    fn = tune.with_parameters(run_trial, task_name=spec.task, cpus=res.cpus)
+    return tune.with_resources(fn, {"CPU": res.cpus, "GPU": res.gpus})
+
+
+def make_tune_config(spec: SweepSpec) -> tune.TuneConfig:
+    search_alg = None
+    if spec.search.algorithm == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        search_alg = OptunaSearch(seed=spec.search.seed)
+    elif spec.search.algorithm == "random" and spec.search.seed is not None:
+        from ray.tune.search import BasicVariantGenerator
+
+        search_alg = BasicVariantGenerator(random_state=spec.search.seed)
+    scheduler = None
+    if spec.scheduler.type == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=spec.scheduler.max_t,
+            grace_period=spec.scheduler.grace_period,
+            reduction_factor=spec.scheduler.reduction_factor,
+        )
+    return tune.TuneConfig(
+        metric=spec.metric.name,
+        mode=spec.metric.mode,
+        search_alg=search_alg,
+        scheduler=scheduler,
+        num_samples=spec.search.num_samples,
+        max_concurrent_trials=spec.max_concurrent_trials,
+        time_budget_s=spec.time_budget_s,
+        # Keep trial processes between trials: a fresh one pays ~3 s of torch imports each time.
+        reuse_actors=True,
+    )
+
+
+class CancelStopper(tune.Stopper):
+    """Stops the whole experiment once the sweep is cancelled, its lease is lost or the worker shuts down."""
+
+    def __init__(self, sweep_id: int) -> None:
+        self.sweep_id = sweep_id
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        return self.stop_all()
+
+    def stop_all(self) -> bool:
+        live = LIVE.get(self.sweep_id)
+        return live is not None and any(e.is_set() for e in (live.cancel, live.lease_lost, live.shutdown))
+
+
+def _numeric(result: dict[str, Any], keys: Any) -> dict[str, float]:
+    out = {}
+    for k in keys:
+        v = result.get(k)
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            out[k] = float(v)
+    return out
+
+
+class ProgressCallback(tune.Callback):
+    """Driver-side: trial progress to the queue store, metrics to the trial's MLflow child run."""
+
+    def __init__(self, sweep_id: int, metric_keys: list[str]) -> None:
+        self.sweep_id = sweep_id
+        self.metric_keys = metric_keys
+
+    @property
+    def live(self) -> LiveSweep | None:
+        return LIVE.get(self.sweep_id)
+
+    def on_trial_start(self, iteration: int, trials: list[TuneTrial], trial: TuneTrial, **info: Any) -> None:
+        live = self.live
+        if live is None:
+            return
+        live.store.trial_started(self.sweep_id, trial.trial_id, dict(trial.config))
+        live.tracker.child_run(trial.trial_id, dict(trial.config))
+
+    def on_trial_result(
+        self, iteration: int, trials: list[TuneTrial], trial: TuneTrial, result: dict[str, Any], **info: Any
+    ) -> None:
+        live = self.live
+        if live is None:
+            return
+        step = int(result.get("training_iteration", 0))
+        metrics = _numeric(result, self.metric_keys)
+        live.store.trial_result(self.sweep_id, trial.trial_id, step, metrics)
+        # The high-water mark makes logging idempotent: a trial restored from an older checkpoint
+        # reports iterations that were already logged before the crash; those are skipped.
+        if metrics and live.store.advance_logged(self.sweep_id, trial.trial_id, step):
+            live.tracker.log_trial_metrics(trial.trial_id, metrics, step)
+        value = metrics.get(live.spec.metric.name)
+        if value is not None and _better(value, live.best, live.spec.metric.mode or "max"):
+            live.best = value
+            live.store.set_fields(
+                live.claim, best_metric=value, best_config=dict(trial.config), best_trial_id=trial.trial_id
+            )
+
+    def on_trial_complete(self, iteration: int, trials: list[TuneTrial], trial: TuneTrial, **info: Any) -> None:
+        self._ended(trial, TrialState.terminated, "FINISHED")
+
+    def on_trial_error(self, iteration: int, trials: list[TuneTrial], trial: TuneTrial, **info: Any) -> None:
+        self._ended(trial, TrialState.error, "FAILED")
+
+    def _ended(self, trial: TuneTrial, state: TrialState, status: str) -> None:
+        live = self.live
+        if live is None:
+            return
+        live.store.trial_ended(self.sweep_id, trial.trial_id, state)
+        live.tracker.end_trial(trial.trial_id, status)
+
+
+def _better(value: float, best: float | None, mode: str) -> bool:
+    return best is None or (value > best if mode == "max" else value < best)
