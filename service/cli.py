@@ -175,10 +175,11 @@ def pull(
 
     uri = f"models:/{model}" if ("@" in model or "/" in model) else f"models:/{model}/latest"
     dest.mkdir(parents=True, exist_ok=True)
+    # models:/ URIs resolve through the registry URI, which does not follow a tracking_uri argument.
+    mlflow.set_tracking_uri(get_settings().tracking_uri)
+    mlflow.set_registry_uri(get_settings().tracking_uri)
     try:
-        path = mlflow.artifacts.download_artifacts(
-            artifact_uri=uri, dst_path=str(dest), tracking_uri=get_settings().tracking_uri
-        )
+        path = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest))
     except Exception as exc:
         raise _fail(f"cannot download {uri}: {exc}") from None
     out.print(f"downloaded {uri} to {path}\nload it with: mlflow.pytorch.load_model({str(path)!r})", highlight=False)

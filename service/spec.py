@@ -304,7 +304,7 @@ def _task_param_errors(task_name: str, params: Any, space: Any) -> list[str]:
     known = set(task.defaults())
     errors: list[str] = []
     fixed = params if isinstance(params, dict) else {}
-    for key in sorted(set(fixed) - known):
+    for key in sorted(set(fixed) - known, key=str):  # key=str: a YAML key may be a number
         errors.append(f"params.{key}: unknown parameter for task {task_name}; known: {', '.join(sorted(known))}")
     fixed = {k: v for k, v in fixed.items() if k in known}
 
@@ -323,17 +323,21 @@ def _task_param_errors(task_name: str, params: Any, space: Any) -> list[str]:
             return out
         return []
 
-    errors += check(fixed, {k: ("params", k) for k in fixed})
+    fixed_errors = check(fixed, {k: ("params", k) for k in fixed})
+    errors += fixed_errors
     if isinstance(space, dict):
-        for key, domain in sorted(space.items()):
+        for key, domain in sorted(space.items(), key=lambda kv: str(kv[0])):
             if key not in known:
                 errors.append(f"space.{key}: unknown parameter for task {task_name}; known: {', '.join(sorted(known))}")
                 continue
             if not isinstance(domain, Domain):
                 continue
             for sub, value in domain.values_to_check():
-                found = check({**fixed, key: value}, {key: ("space", key, sub)})
-                errors += [e for e in found if not e.startswith("params")]
+                for e in check({**fixed, key: value}, {key: ("space", key, sub)}):
+                    if not e.startswith("params"):
+                        errors.append(e)
+                    elif not fixed_errors:  # a cross-field rule (__post_init__) broken by this searched value
+                        errors.append(f"space.{key}.{sub}: {e.split(': ', 1)[-1]}")
     return sorted(set(errors), key=errors.index)
 
 

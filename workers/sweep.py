@@ -20,8 +20,8 @@ from ray.tune.experiment import Trial as TuneTrial
 from service.models import TrialState
 from service.queue import Claim, QueueStore
 from service.spec import Domain, SweepSpec
-from workers.trainable import run_trial, run_trial_distributed
 from workers.tracking import SweepTracker
+from workers.trainable import run_trial, run_trial_distributed
 
 log = logging.getLogger(__name__)
 

@@ -55,7 +55,11 @@ async def submit_sweep(request: Request, store: StoreDep, settings: SettingsDep)
                 data: Any = json.loads(body)
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise SpecError([f"<document>: not valid JSON: {exc}"]) from None
-            spec = parse_spec(data if isinstance(data, dict) else {"<document>": data})
+            if not isinstance(data, dict):
+                raise SpecError(
+                    [f"<document>: a sweep spec is a JSON object (name, task, ...), got {type(data).__name__}"]
+                )
+            spec = parse_spec(data)
             text = None
         elif ctype in YAML_TYPES or ctype == "":
             spec = parse_spec(body)

@@ -1,0 +1,16 @@
+"""Test-wide environment: offline, quiet Ray/MLflow, nothing written to $HOME."""
+
+from __future__ import annotations
+
+import os
+
+for key, value in {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TUNE_GLOBAL_CHECKPOINT_S": "0",
+}.items():
+    os.environ.setdefault(key, value)

@@ -1,0 +1,154 @@
+"""End to end through the API, a worker subprocess, local Ray and MLflow."""
+
+from __future__ import annotations
+
+import json
+import site
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from jobs.registry import get_task
+from workers.registration import load_best_model
+
+from .conftest import Stack
+
+pytestmark = pytest.mark.slow
+
+SIX_TRIALS = """
+name: e2e-xor
+task: tversky.xor
+metric: {name: accuracy, mode: max}
+params: {features: 16, steps: 300, report_every: 50}
+space:
+  intersection: {grid: [product, mean, softmin]}
+  difference: {grid: [ignorematch, substractmatch]}
+register: {model: e2e-xor, alias: champion}
+"""
+
+# Runs with only site-packages (no .pth files: the editable install's finder is one) from another
+# folder, so neither this repository nor the installed layerlab is importable.
+LOAD_SCRIPT = """
+import sys
+sys.path.append({site!r})
+import importlib.util, json
+for name in ("jobs", "service", "workers"):
+    assert importlib.util.find_spec(name) is None, f"{{name}} is importable: the check would prove nothing"
+import mlflow, torch
+model = mlflow.pytorch.load_model("models:/e2e-xor@champion")
+x = torch.tensor([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+with torch.no_grad():
+    print(json.dumps({{"cls": type(model).__module__ + "." + type(model).__name__, "out": model(x).tolist()}}))
+"""
+
+
+def _checkpoint_of(home: Path, sweep_id: int, trial_id: str) -> Path:
+    trial_dir = next((home / "tune" / f"sweep-{sweep_id}").glob(f"*{trial_id}*"))
+    return sorted(trial_dir.glob("checkpoint_*"))[-1]
+
+
+def test_six_trial_sweep_registers_a_loadable_model(workers: Stack, tmp_path: Path) -> None:
+    stack = workers
+    submitted = stack.submit(SIX_TRIALS)
+    assert submitted["state"] == "queued" and submitted["trials"]["total"] == 6
+    stack.start_worker("w1")
+    s = stack.wait_state(submitted["id"], ("succeeded", "failed", "cancelled"), timeout=240)
+    assert s["state"] == "succeeded", s
+    assert s["trials"] == {"total": 6, "pending": 0, "running": 0, "finished": 6, "errored": 0}
+    assert s["best_metric"] == 1.0 and s["best_config"]["intersection"] in ("product", "mean", "softmin")
+    assert s["model"]["name"] == "e2e-xor" and s["model"]["uri"] == "models:/e2e-xor@champion"
+    assert s["mlflow"]["parent_run_url"].endswith(f"/runs/{s['mlflow']['parent_run_id']}")
+
+    # --- MLflow: one parent, six children, full metric history, artifacts
+    client = stack.mlflow()
+    exp = client.get_experiment_by_name("e2e-xor")
+    assert exp is not None and exp.experiment_id == s["mlflow"]["experiment_id"]
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    parents = [r for r in runs if r.data.tags.get("layerlab.role") == "parent"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    assert len(parents) == 1 and parents[0].info.run_id == s["mlflow"]["parent_run_id"]
+    assert parents[0].info.status == "FINISHED"
+    assert len(children) == 6, [r.data.tags for r in runs]
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
+    assert len({r.data.tags["layerlab.trial_id"] for r in children}) == 6
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert child.data.params["steps"] == "300"
+        steps = [m.step for m in client.get_metric_history(child.info.run_id, "accuracy")]
+        assert sorted(steps) == [1, 2, 3, 4, 5, 6], steps  # one value per iteration, none twice
+    artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
+    assert {"spec.yaml", "trials.csv", "plots"} <= artifacts, artifacts
+    plots = {a.path for a in client.list_artifacts(parents[0].info.run_id, "plots")}
+    assert "plots/accuracy_curves.png" in plots
+
+    # --- Model Registry: alias, tags, signature
+    version = client.get_model_version_by_alias("e2e-xor", "champion")
+    assert str(version.version) == s["model"]["version"]
+    assert version.run_id == parents[0].info.run_id  # MLflow 3 keeps the model as a LoggedModel of the run
+    assert version.tags["layerlab.sweep_id"] == str(s["id"])
+    assert version.tags["layerlab.metric"] == "accuracy"
+    assert json.loads(version.tags["layerlab.config"]) == s["best_config"]
+
+    # --- the registered model loads elsewhere and equals the trial's model
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", textwrap.dedent(LOAD_SCRIPT).format(site=site.getsitepackages()[0])],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "MLFLOW_TRACKING_URI": stack.tracking_uri, "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert loaded["cls"] == "jobs.layers.tversky.TverskyProjection"
+    task = get_task("tversky.xor")
+    trial_model = load_best_model(task, s["best_config"], _checkpoint_of(stack.home, s["id"], s["best_trial_id"]))
+    with torch.no_grad():
+        expected = trial_model(task.example_input(None))
+    assert torch.allclose(torch.tensor(loaded["out"]), expected, atol=1e-6), (loaded["out"], expected)
+
+
+def test_pull_downloads_the_registered_model(workers: Stack, tmp_path: Path) -> None:
+    """Runs after the sweep above (same module stack): `layerlab pull` fetches the model folder."""
+    dest = tmp_path / "model"
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("layerlab")), "pull", "e2e-xor@champion", str(dest)],
+        env=workers.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (dest / "MLmodel").is_file() and (dest / "code" / "jobs" / "layers" / "tversky.py").is_file()
+    import mlflow
+
+    model = mlflow.pytorch.load_model(str(dest))
+    assert type(model).__name__ == "TverskyProjection"
+
+
+def test_ray_train_trial_runs_as_torch_trainer(workers: Stack) -> None:
+    """workers: 2 makes the trial a Ray Train V2 TorchTrainer job (DDP on gloo over two processes)."""
+    spec = """
+name: e2e-xor-ddp
+task: tversky.xor
+metric: {name: accuracy}
+params: {steps: 100, report_every: 50}
+resources: {workers: 2, cpus: 0.5}
+register: {model: e2e-xor-ddp}
+"""
+    submitted = workers.submit(spec)
+    workers.start_worker("w-train")
+    s = workers.wait_state(submitted["id"], ("succeeded", "failed", "cancelled"), timeout=300)
+    assert s["state"] == "succeeded", s
+    assert s["model"]["version"] == "1"
+    client = workers.mlflow()
+    exp = client.get_experiment_by_name("e2e-xor-ddp")
+    children = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("mlflow.parentRunId")]
+    assert len(children) == 1
+    steps = Counter(m.step for m in client.get_metric_history(children[0].info.run_id, "loss"))
+    assert sorted(steps) == [1, 2] and set(steps.values()) == {1}

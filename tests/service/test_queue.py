@@ -1,0 +1,252 @@
+"""The queue store on SQLite and on a real PostgreSQL: order, exclusive claims, leases, fencing, cancel."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import select
+
+from service.errors import InvalidTransition, LeaseLost, SweepNotFound
+from service.models import Event, SweepState
+from service.queue import Claim, QueueStore
+from service.spec import SweepSpec
+
+MakeSpec = Callable[..., SweepSpec]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest) -> str:
+    # Resolved lazily so that the SQLite tests never touch PostgreSQL (and vice versa).
+    return request.getfixturevalue(f"{request.param}_url")
+
+
+@pytest.fixture
+def store(url: str) -> QueueStore:
+    return QueueStore(url)
+
+
+def claim(store: QueueStore, worker: str, lease_seconds: float = 30.0) -> Claim:
+    got = store.claim(worker, lease_seconds)
+    assert got is not None, f"{worker} found the queue empty"
+    return got
+
+
+def test_backend(store: QueueStore, url: str) -> None:
+    assert store.is_postgres == url.startswith("postgresql")
+    store.ping()
+
+
+def test_submit_stores_the_spec(store: QueueStore, make_spec: MakeSpec) -> None:
+    spec = make_spec("stored", priority=70)
+    sweep = store.submit(spec, "name: stored\n")
+    got = store.get(sweep.id)
+    assert (got.name, got.task, got.state, got.priority) == ("stored", "tversky.xor", "queued", 70)
+    assert (got.trials_total, got.metric_name, got.metric_mode) == (24, "accuracy", "max")
+    assert (got.attempts, got.max_attempts, got.cancel_requested) == (0, 3, False)
+    assert got.spec == spec.model_dump(mode="json") and got.spec_yaml == "name: stored\n"
+    assert [e.action for e in store.events(sweep.id)] == ["submit"]
+    assert [s.id for s in store.list()] == [sweep.id]
+    assert store.list(state="running") == []
+
+
+def test_get_of_a_missing_sweep(store: QueueStore) -> None:
+    with pytest.raises(SweepNotFound, match=r"^sweep 404 does not exist; `layerlab list` shows the sweeps$"):
+        store.get(404)
+
+
+def test_claim_of_an_empty_queue(store: QueueStore) -> None:
+    assert store.claim("w1", 30) is None
+
+
+def test_higher_priority_first_then_fifo(store: QueueStore, make_spec: MakeSpec) -> None:
+    order = [("low", 10), ("mid-a", 50), ("high", 90), ("mid-b", 50), ("mid-c", 50), ("top", 100), ("zero", 0)]
+    ids = {name: store.submit(make_spec(name, priority)).id for name, priority in order}
+    claimed = []
+    while (got := store.claim("w1", 30)) is not None:
+        claimed.append(got.sweep_id)
+    assert claimed == [ids[n] for n in ("top", "high", "mid-a", "mid-b", "mid-c", "low", "zero")]
+
+
+def test_claim_takes_a_lease(store: QueueStore, make_spec: MakeSpec) -> None:
+    sweep = store.submit(make_spec("leased"))
+    got = claim(store, "w1", 30)
+    assert (got.sweep_id, got.worker_id, got.attempt) == (sweep.id, "w1", 1)
+    assert got.spec["name"] == "leased" and got.spec_yaml
+    row = store.get(sweep.id)
+    assert (row.state, row.worker_id, row.attempts) == ("running", "w1", 1)
+    assert row.lease_expires_at is not None and row.started_at is not None
+    assert store.claim("w2", 30) is None  # a live lease is not reclaimed
+
+
+def test_concurrent_claimers_never_claim_a_sweep_twice(url: str, make_spec: MakeSpec) -> None:
+    stores = [QueueStore(url) for _ in range(4)]  # one per worker, as separate processes would have
+    ids = [stores[0].submit(make_spec(f"sweep-{i}", priority=i % 5)).id for i in range(50)]
+    claimed: dict[str, list[int]] = {f"w{i}": [] for i in range(4)}
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def work(worker: str, store: QueueStore) -> None:
+        try:
+            start.wait()
+            while (got := store.claim(worker, 30)) is not None:
+                assert got.worker_id == worker and got.attempt == 1
+                claimed[worker].append(got.sweep_id)
+        except BaseException as exc:  # noqa: BLE001 - surfaced in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w, s)) for w, s in zip(claimed, stores, strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+    counts = Counter(i for got in claimed.values() for i in got)
+    assert sorted(counts) == sorted(ids), f"claimed {len(counts)} of {len(ids)}"
+    assert set(counts.values()) == {1}, {i: n for i, n in counts.items() if n > 1}
+    with stores[0].session() as s:
+        claims = s.scalars(select(Event).where(Event.action == "claim")).all()
+    assert len(claims) == 50
+    assert {row.state for row in stores[0].list(limit=100)} == {"running"}
+
+
+def test_an_expired_lease_is_requeued_and_the_stale_worker_is_fenced(store: QueueStore, make_spec: MakeSpec) -> None:
+    sweep = store.submit(make_spec("expires"))
+    stale = claim(store, "w1", lease_seconds=0.2)
+    time.sleep(0.3)
+    fresh = claim(store, "w2")
+    assert (fresh.sweep_id, fresh.worker_id, fresh.attempt) == (sweep.id, "w2", 2)
+    row = store.get(sweep.id)
+    assert (row.state, row.worker_id, row.attempts) == ("running", "w2", 2)
+    assert [e.action for e in store.events(sweep.id)] == ["submit", "claim", "requeue", "claim"]
+
+    message = rf"^worker w1 lost the lease on sweep {sweep.id} \(attempt 1\); another worker owns it now$"
+    for write in (
+        lambda: store.heartbeat(stale, 30),
+        lambda: store.finish(stale),
+        lambda: store.fail(stale, "boom"),
+        lambda: store.cancelled(stale),
+        lambda: store.requeue(stale, "shutdown"),
+        lambda: store.set_fields(stale, best_metric=1.0),
+    ):
+        with pytest.raises(LeaseLost, match=message):
+            write()
+    row = store.get(sweep.id)
+    assert (row.state, row.worker_id, row.best_metric) == ("running", "w2", None)
+
+    assert store.heartbeat(fresh, 30) is False
+    store.finish(fresh)
+    row = store.get(sweep.id)
+    assert (row.state, row.reason, row.lease_expires_at) == ("succeeded", None, None)
+    assert row.finished_at is not None
+    with pytest.raises(LeaseLost):
+        store.heartbeat(fresh, 30)  # a finished sweep has no lease to renew
+
+
+def test_the_last_attempt_expiring_fails_the_sweep(store: QueueStore, make_spec: MakeSpec) -> None:
+    sweep = store.submit(make_spec("gives-up"), max_attempts=1)
+    stale = claim(store, "w1", lease_seconds=0.2)
+    time.sleep(0.3)
+    assert store.claim("w2", 30) is None
+    row = store.get(sweep.id)
+    assert (row.state, row.attempts, row.worker_id) == ("failed", 1, None)
+    assert row.reason == ("worker w1 stopped renewing its lease (attempt 1); gave up after 1 of max_attempts=1"), (
+        row.reason
+    )
+    assert row.finished_at is not None
+    with pytest.raises(LeaseLost):
+        store.finish(stale)
+
+
+def test_attempts_run_out_after_max_attempts_expiries(store: QueueStore, make_spec: MakeSpec) -> None:
+    sweep = store.submit(make_spec("flaky"), max_attempts=2)
+    assert claim(store, "w1", 0.2).attempt == 1
+    time.sleep(0.3)
+    assert claim(store, "w2", 0.2).attempt == 2
+    time.sleep(0.3)
+    assert store.claim("w3", 30) is None
+    row = store.get(sweep.id)
+    assert row.state == "failed" and "max_attempts=2" in (row.reason or ""), row.reason
+
+
+def test_fail_records_the_reason(store: QueueStore, make_spec: MakeSpec) -> None:
+    sweep = store.submit(make_spec("fails"))
+    got = claim(store, "w1")
+    store.fail(got, "3 of 24 trials errored")
+    row = store.get(sweep.id)
+    assert (row.state, row.reason) == ("failed", "3 of 24 trials errored")
+    assert store.claim("w2", 30) is None  # a failed sweep is not retried
+
+
+def test_requeue_keeps_the_place_in_the_queue(store: QueueStore, make_spec: MakeSpec) -> None:
+    first = store.submit(make_spec("first"))
+    store.submit(make_spec("second"))
+    got = claim(store, "w1")
+    store.requeue(got, "worker shutting down")
+    again = claim(store, "w2")
+    assert (again.sweep_id, again.attempt) == (first.id, 2)
+
+
+def test_cancel_of_a_queued_sweep_is_immediate(store: QueueStore, make_spec: MakeSpec) -> None:
+    sweep = store.submit(make_spec("unwanted"))
+    cancelled = store.cancel(sweep.id)
+    assert (cancelled.state, cancelled.reason) == ("cancelled", "cancelled before it started")
+    row = store.get(sweep.id)
+    assert row.state == "cancelled" and row.finished_at is not None
+    assert store.claim("w1", 30) is None
+
+
+def test_cancel_of_a_running_sweep_is_requested_of_its_worker(store: QueueStore, make_spec: MakeSpec) -> None:
+    sweep = store.submit(make_spec("running"))
+    got = claim(store, "w1")
+    assert store.heartbeat(got, 30) is False
+    flagged = store.cancel(sweep.id)
+    assert (flagged.state, flagged.cancel_requested) == ("running", True)
+    assert store.heartbeat(got, 30) is True
+    store.cancelled(got)
+    row = store.get(sweep.id)
+    assert (row.state, row.reason) == ("cancelled", "cancelled by request")
+    assert [e.action for e in store.events(sweep.id)][-2:] == ["cancel_request", "cancelled"]
+
+
+def test_a_cancelled_sweep_whose_worker_died_is_cancelled_not_requeued(store: QueueStore, make_spec: MakeSpec) -> None:
+    sweep = store.submit(make_spec("orphan"))
+    claim(store, "w1", lease_seconds=0.2)
+    store.cancel(sweep.id)
+    time.sleep(0.3)
+    assert store.claim("w2", 30) is None
+    row = store.get(sweep.id)
+    assert row.state == "cancelled" and (row.reason or "").startswith("cancelled; worker w1 stopped renewing")
+
+
+@pytest.mark.parametrize("end", ["finish", "fail", "cancel"])
+def test_cancel_of_a_finished_sweep_is_refused(store: QueueStore, make_spec: MakeSpec, end: str) -> None:
+    sweep = store.submit(make_spec("done"))
+    if end == "cancel":
+        store.cancel(sweep.id)
+        state = "cancelled"
+    else:
+        got = claim(store, "w1")
+        store.finish(got) if end == "finish" else store.fail(got, "boom")
+        state = "succeeded" if end == "finish" else "failed"
+    with pytest.raises(InvalidTransition, match=rf"^sweep {sweep.id} is {state}; cannot cancel it$"):
+        store.cancel(sweep.id)
+    assert store.get(sweep.id).state == state
+
+
+def test_cancel_of_a_missing_sweep(store: QueueStore) -> None:
+    with pytest.raises(SweepNotFound):
+        store.cancel(12345)
+
+
+def test_list_filters_by_state_newest_first(store: QueueStore, make_spec: MakeSpec) -> None:
+    a, b, c = (store.submit(make_spec(n)).id for n in ("a", "b", "c"))
+    store.cancel(b)
+    assert [s.id for s in store.list()] == [c, b, a]
+    assert [s.id for s in store.list(state=SweepState.queued)] == [c, a]
+    assert [s.id for s in store.list(state="cancelled")] == [b]
+    assert [s.id for s in store.list(limit=1, offset=1)] == [b]
