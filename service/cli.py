@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -32,7 +33,7 @@ def _setup_logging(level: str = "INFO") -> None:
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     return typer.Exit(code)
 
 
@@ -47,7 +48,7 @@ def _api(method: str, path: str, **kwargs: Any) -> Any:
         ) from None
     if resp.status_code == 422 and isinstance(resp.json().get("detail"), dict):
         for e in resp.json()["detail"].get("errors", []):
-            err.print(f"  {e}", highlight=False)
+            err.print(f"  {e}", highlight=False, markup=False)
         raise _fail("the sweep spec is invalid; fix the fields above", 2)
     if resp.status_code >= 400:
         detail = resp.json().get("detail") if "json" in resp.headers.get("content-type", "") else resp.text
@@ -68,9 +69,9 @@ def validate(file: Annotated[Path, typer.Argument(help="Sweep YAML file.")]) -> 
     try:
         spec = parse_spec(file.read_bytes())
     except SpecError as exc:
-        err.print(f"{file}: {len(exc.errors)} error(s)", highlight=False)
+        err.print(f"{file}: {len(exc.errors)} error(s)", highlight=False, markup=False)
         for e in exc.errors:
-            err.print(f"  {e}", highlight=False)
+            err.print(f"  {e}", highlight=False, markup=False)
         raise typer.Exit(2) from None
     out.print(
         f"{file}: ok — task {spec.task}, {spec.trials_total} trial(s), metric {spec.metric.name} ({spec.metric.mode})"
@@ -151,11 +152,11 @@ def _print_outcome(s: dict[str, Any]) -> None:
     out.print(f"sweep {s['id']} [{colour}]{s['state']}[/{colour}]" + (f": {s['reason']}" if s["reason"] else ""))
     if s["best_metric"] is not None:
         out.print(f"best {s['metric']['name']} = {s['best_metric']:.6g} (trial {s['best_trial_id']})")
-        out.print(f"best config: {json.dumps(s['best_config'], sort_keys=True)}", highlight=False)
+        out.print(f"best config: {json.dumps(s['best_config'], sort_keys=True)}", highlight=False, markup=False)
     if s["mlflow"]["parent_run_url"]:
-        out.print(f"MLflow run:  {s['mlflow']['parent_run_url']}", highlight=False)
+        out.print(f"MLflow run:  {s['mlflow']['parent_run_url']}", highlight=False, markup=False)
     if s["model"]["uri"]:
-        out.print(f"registered:  {s['model']['uri']} (version {s['model']['version']})", highlight=False)
+        out.print(f"registered:  {s['model']['uri']} (version {s['model']['version']})", highlight=False, markup=False)
 
 
 @app.command()
@@ -182,7 +183,11 @@ def pull(
         path = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest))
     except Exception as exc:
         raise _fail(f"cannot download {uri}: {exc}") from None
-    out.print(f"downloaded {uri} to {path}\nload it with: mlflow.pytorch.load_model({str(path)!r})", highlight=False)
+    out.print(
+        f"downloaded {uri} to {path}\nload it with: mlflow.pytorch.load_model({str(path)!r})",
+        highlight=False,
+        markup=False,
+    )
 
 
 # --- operator commands ----------------------------------------------------------------------

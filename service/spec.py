@@ -134,14 +134,18 @@ with warnings.catch_warnings():
         @model_validator(mode="after")
         def _search_fits_space(self) -> SweepSpec:
             overlap = sorted(set(self.params) & set(self.space))
+            # Whole-spec rules: each message starts with the field path it is about (see describe_error).
             if overlap:
-                raise ValueError(f"{', '.join(overlap)} given both in params and space; keep one")
+                raise ValueError(f"space.{overlap[0]}: also given in params; keep one of the two")
             if self.search.algorithm == "optuna":
                 grids = sorted(k for k, d in self.space.items() if d.kind == "grid")
                 if grids:
-                    raise ValueError(f"optuna cannot search a grid ({', '.join(grids)}); use choice instead")
+                    raise ValueError(f"space.{grids[0]}: optuna cannot search a grid; use choice, or search: grid")
             if self.trials_total > MAX_TRIALS:
-                raise ValueError(f"the sweep would run {self.trials_total} trials; at most {MAX_TRIALS} are allowed")
+                raise ValueError(
+                    f"search.num_samples: the sweep would run {self.trials_total} trials "
+                    f"(num_samples x grid sizes); at most {MAX_TRIALS} are allowed"
+                )
             return self
 
         @property
@@ -270,6 +274,8 @@ def describe_error(err: dict[str, Any], prefix: tuple[Any, ...] = (), int_field:
         text = msg
         if text.startswith("Value error, "):
             text = text[len("Value error, ") :]
+            if not loc and re.match(r"^[A-Za-z_][\w.\[\]]*: ", text):
+                return text  # a whole-spec rule that names its own field
         text = text.replace("Input should be", "must be").replace("Input should have", "must have")
         text = text[:1].lower() + text[1:]
     got = f", got {value!r}" if _scalar(value) and kind not in ("value_error", "assertion_error") else ""
@@ -318,8 +324,9 @@ def _task_param_errors(task_name: str, params: Any, space: Any) -> list[str]:
                 key = loc[0] if loc else None
                 if key in where:
                     out.append(describe_error({**err, "loc": loc[1:]}, where[key], int_field=is_int(key)))
-                elif not loc:
-                    out.append(f"params: {describe_error(err).split(': ', 1)[-1]}")
+                elif not loc:  # a cross-field rule (__post_init__); its message starts with its field
+                    text = describe_error(err)
+                    out.append(f"params.{text}" if re.match(r"^\w+: ", text) else f"params: {text.split(': ', 1)[-1]}")
             return out
         return []
 
@@ -337,7 +344,7 @@ def _task_param_errors(task_name: str, params: Any, space: Any) -> list[str]:
                     if not e.startswith("params"):
                         errors.append(e)
                     elif not fixed_errors:  # a cross-field rule (__post_init__) broken by this searched value
-                        errors.append(f"space.{key}.{sub}: {e.split(': ', 1)[-1]}")
+                        errors.append(f"space.{key}.{sub}: {e.removeprefix('params.')}")
     return sorted(set(errors), key=errors.index)
 
 
