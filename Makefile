@@ -28,10 +28,9 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	# torch/torchvision come from this machine's local wheels (pip's constraint file caps them)
-	$(PY) -m pip install --quiet -r requirements.lock
-	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip install -qq -r requirements.lock
+	$(PY) -m pip install -qq --no-deps -e .
 	touch $(STAMP)
 
 # PostgreSQL runs on this kind of machine already; start the packaged cluster if it does not answer.

@@ -166,6 +166,16 @@ class SweepTracker:
             for path in self._plots(trials, Path(d)):
                 self.client.log_artifact(self.parent_run_id, str(path), artifact_path="plots")
 
+    def log_files(self, files: dict[str, bytes], folder: str) -> None:
+        """Write named files (a task's sweep-level summary) as artifacts of the parent run."""
+        if not files:
+            return
+        with tempfile.TemporaryDirectory() as d:
+            for name, data in files.items():
+                safe = Path(name).name  # task-chosen names: never let one climb out of the folder
+                (Path(d) / safe).write_bytes(data)
+            self.client.log_artifacts(self.parent_run_id, d, artifact_path=folder)
+
     def _plots(self, trials: list[Any], folder: Path) -> list[Path]:
         import matplotlib
 

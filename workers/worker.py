@@ -237,5 +237,22 @@ class Worker:
                 claim, model_name=spec.register.model, model_version=version, model_alias=spec.register.alias
             )
         tracker.log_summary()
+        summarize = getattr(task, "summarize", None)
+        if summarize is not None:
+            tracker.log_files(summarize(table_rows(results)), folder="summary")
         tracker.end_parent("FINISHED", summary)
         self.store.finish(claim)
+
+
+def table_rows(results: Any) -> list[dict[str, Any]]:
+    """Rows a task reported under `table` in its last result, each merged with its trial's config.
+
+    The convention lets a task that trains many models per trial (tversky.xor_grid) hand per-model
+    outcomes to its sweep-level `summarize`. Read from Tune's results, so it survives a restore.
+    """
+    rows: list[dict[str, Any]] = []
+    for result in results:
+        table = (result.metrics or {}).get("table")
+        if isinstance(table, list):
+            rows.extend({**result.config, **row} for row in table if isinstance(row, dict))
+    return rows
