@@ -59,6 +59,7 @@ down:
 lint: install
 	$(VENV)/bin/ruff check service workers jobs tests benchmarks
 	$(VENV)/bin/ruff format --check service workers jobs tests benchmarks
+	$(VENV)/bin/mypy
 
 test: install services lint
 	$(PY) -m pytest -q

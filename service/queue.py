@@ -83,7 +83,7 @@ class QueueStore:
                 raise SweepNotFound(sweep_id)
             return sweep
 
-    def list(self, state: str | None = None, limit: int = 100, offset: int = 0) -> list[Sweep]:
+    def list_sweeps(self, state: str | None = None, limit: int = 100, offset: int = 0) -> list[Sweep]:
         q = select(Sweep).order_by(Sweep.id.desc()).limit(limit).offset(offset)
         if state:
             q = q.where(Sweep.state == state)

@@ -11,6 +11,7 @@ import math
 import re
 import typing
 import warnings
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import yaml
@@ -168,9 +169,9 @@ with warnings.catch_warnings():
 class _NoAliasLoader(yaml.SafeLoader):
     """A safe loader that refuses anchors/aliases: they can expand a small file into a huge spec."""
 
-    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+    def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+            event = self.peek_event()  # type: ignore[no-untyped-call]
             raise yaml.YAMLError(f"YAML aliases (*{event.anchor}) are not allowed in a sweep spec; write values out")
         if self.depth > MAX_DEPTH:
             raise yaml.YAMLError(f"the document nests deeper than {MAX_DEPTH} levels")
@@ -250,7 +251,7 @@ def _scalar(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool)
 
 
-def describe_error(err: dict[str, Any], prefix: tuple[Any, ...] = (), int_field: bool | None = None) -> str:
+def describe_error(err: Mapping[str, Any], prefix: tuple[Any, ...] = (), int_field: bool | None = None) -> str:
     loc = prefix + tuple(err.get("loc", ()))
     kind, msg, ctx = err.get("type", ""), err.get("msg", ""), err.get("ctx") or {}
     value = err.get("input")
@@ -271,7 +272,7 @@ def describe_error(err: dict[str, Any], prefix: tuple[Any, ...] = (), int_field:
         if "alias" in str(loc[-1:]):
             text = "may hold only letters, digits, '_', '-' (not starting with a digit), at most 64 chars"
     else:
-        text = msg
+        text = str(msg)
         if text.startswith("Value error, "):
             text = text[len("Value error, ") :]
             if not loc and re.match(r"^[A-Za-z_][\w.\[\]]*: ", text):
@@ -295,7 +296,7 @@ def _task_param_errors(task_name: str, params: Any, space: Any) -> list[str]:
         task = get_task(task_name)
     except UnknownTaskError as exc:
         return [f"task: {exc}"]
-    adapter = TypeAdapter(task.config)
+    adapter: TypeAdapter[Any] = TypeAdapter(task.config)
     hints = typing.get_type_hints(task.config)
 
     def is_int(name: Any) -> bool:

@@ -26,9 +26,10 @@ log = logging.getLogger(__name__)
 
 def load_best_model(task: Task, config: dict[str, Any], checkpoint_dir: str | Path) -> torch.nn.Module:
     state = load_checkpoint_dir(checkpoint_dir)
-    model = task.build_model(task.make_config(task_params(config)))
+    model: torch.nn.Module = task.build_model(task.make_config(task_params(config)))
     model.load_state_dict(state["model"])
-    return model.eval()
+    model.eval()
+    return model
 
 
 def register_model(

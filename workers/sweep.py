@@ -76,7 +76,7 @@ def make_trainable(spec: SweepSpec, storage_path: str) -> Any:
 
 
 def make_tune_config(spec: SweepSpec) -> tune.TuneConfig:
-    search_alg = None
+    search_alg: Any = None
     if spec.search.algorithm == "optuna":
         from ray.tune.search.optuna import OptunaSearch
 

@@ -197,8 +197,7 @@ class SweepTracker:
         fig.savefig(out[-1], dpi=100)
         plt.close(fig)
 
-        finals = [(t.trial_id, (t.metrics or {}).get(metric)) for t in trials]
-        finals = [(tid, v) for tid, v in finals if v is not None]
+        finals = [(t.trial_id, float(t.metrics[metric])) for t in trials if (t.metrics or {}).get(metric) is not None]
         if finals:
             fig, ax = plt.subplots(figsize=(max(6, len(finals) * 0.3), 4))
             ax.bar(range(len(finals)), [v for _, v in finals])

@@ -49,8 +49,8 @@ def test_submit_stores_the_spec(store: QueueStore, make_spec: MakeSpec) -> None:
     assert (got.attempts, got.max_attempts, got.cancel_requested) == (0, 3, False)
     assert got.spec == spec.model_dump(mode="json") and got.spec_yaml == "name: stored\n"
     assert [e.action for e in store.events(sweep.id)] == ["submit"]
-    assert [s.id for s in store.list()] == [sweep.id]
-    assert store.list(state="running") == []
+    assert [s.id for s in store.list_sweeps()] == [sweep.id]
+    assert store.list_sweeps(state="running") == []
 
 
 def test_get_of_a_missing_sweep(store: QueueStore) -> None:
@@ -111,7 +111,7 @@ def test_concurrent_claimers_never_claim_a_sweep_twice(url: str, make_spec: Make
     with stores[0].session() as s:
         claims = s.scalars(select(Event).where(Event.action == "claim")).all()
     assert len(claims) == 50
-    assert {row.state for row in stores[0].list(limit=100)} == {"running"}
+    assert {row.state for row in stores[0].list_sweeps(limit=100)} == {"running"}
 
 
 def test_an_expired_lease_is_requeued_and_the_stale_worker_is_fenced(store: QueueStore, make_spec: MakeSpec) -> None:
@@ -246,7 +246,7 @@ def test_cancel_of_a_missing_sweep(store: QueueStore) -> None:
 def test_list_filters_by_state_newest_first(store: QueueStore, make_spec: MakeSpec) -> None:
     a, b, c = (store.submit(make_spec(n)).id for n in ("a", "b", "c"))
     store.cancel(b)
-    assert [s.id for s in store.list()] == [c, b, a]
-    assert [s.id for s in store.list(state=SweepState.queued)] == [c, a]
-    assert [s.id for s in store.list(state="cancelled")] == [b]
-    assert [s.id for s in store.list(limit=1, offset=1)] == [b]
+    assert [s.id for s in store.list_sweeps()] == [c, b, a]
+    assert [s.id for s in store.list_sweeps(state=SweepState.queued)] == [c, a]
+    assert [s.id for s in store.list_sweeps(state="cancelled")] == [b]
+    assert [s.id for s in store.list_sweeps(limit=1, offset=1)] == [b]

@@ -82,7 +82,7 @@ def list_sweeps(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> SweepList:
-    sweeps = store.list(state.value if state else None, limit=limit, offset=offset)
+    sweeps = store.list_sweeps(state.value if state else None, limit=limit, offset=offset)
     return SweepList(sweeps=[SweepPublic.build(s, store.trial_counts(s.id), settings.mlflow_ui_url) for s in sweeps])
 
 
