@@ -34,7 +34,6 @@ class LiveSweep:
     spec: SweepSpec
     cancel: threading.Event = field(default_factory=threading.Event)
     lease_lost: threading.Event = field(default_factory=threading.Event)
-    shutdown: threading.Event = field(default_factory=threading.Event)
     best: float | None = None
 
 
@@ -109,7 +108,11 @@ def make_tune_config(spec: SweepSpec) -> tune.TuneConfig:
 
 
 class CancelStopper(tune.Stopper):
-    """Stops the whole experiment once the sweep is cancelled, its lease is lost or the worker shuts down."""
+    """Stops the whole experiment once the sweep is cancelled (trials end; nothing to resume).
+
+    A lost lease or a worker shutting down interrupts fit() instead (workers.worker.interrupt_tune),
+    which leaves the running trials resumable.
+    """
 
     def __init__(self, sweep_id: int) -> None:
         self.sweep_id = sweep_id
@@ -119,7 +122,7 @@ class CancelStopper(tune.Stopper):
 
     def stop_all(self) -> bool:
         live = LIVE.get(self.sweep_id)
-        return live is not None and any(e.is_set() for e in (live.cancel, live.lease_lost, live.shutdown))
+        return live is not None and live.cancel.is_set()
 
 
 def _numeric(result: dict[str, Any], keys: Any) -> dict[str, float]:

@@ -49,17 +49,32 @@ def ensure_ray(settings: Settings) -> None:
         ray.init(num_cpus=settings.ray_num_cpus, include_dashboard=False, log_to_driver=False)
 
 
+def interrupt_tune() -> None:
+    """Interrupt a running Tuner.fit() the way Ctrl-C does: Tune saves its state with the running
+    trials still running, so that Tuner.restore resumes them. (A Stopper would instead mark them
+    finished.) Tune listens for SIGUSR1 while fit() runs; without its handler the signal would kill us.
+    """
+    handler = signal.getsignal(signal.SIGUSR1)
+    if callable(handler):
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+
 class Worker:
     def __init__(self, settings: Settings, worker_id: str | None = None) -> None:
         self.settings = settings
         self.store = QueueStore(settings.queue_url)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.shutdown = threading.Event()
+        self._handles_signals = False
 
     def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: stop the running sweep and give it back to the queue, then exit."""
+        self._handles_signals = True
+
         def _graceful(signum: int, _frame: Any) -> None:
             log.warning("signal %s: stopping after giving the sweep back to the queue", signum)
             self.shutdown.set()
+            interrupt_tune()
 
         signal.signal(signal.SIGTERM, _graceful)
         signal.signal(signal.SIGINT, _graceful)
@@ -123,6 +138,7 @@ class Worker:
                 log.error("%s", exc)
                 if live is not None:
                     live.lease_lost.set()
+                    interrupt_tune()
                 return
             except Exception as exc:  # transient database trouble: try again next beat
                 log.warning("heartbeat for sweep %s failed: %s", claim.sweep_id, exc)
@@ -131,8 +147,6 @@ class Worker:
                 if cancel and not live.cancel.is_set():
                     log.info("sweep %s: cancel requested", claim.sweep_id, extra={"action": "cancel"})
                     live.cancel.set()
-                if self.shutdown.is_set():
-                    live.shutdown.set()
 
     def _execute(self, claim: Claim, holder: dict[str, Any]) -> None:
         from ray import tune
@@ -152,6 +166,9 @@ class Worker:
         spec = SweepSpec.model_validate(claim.spec)
         task = get_task(spec.task)
         ensure_ray(self.settings)
+        if self._handles_signals:
+            # ray.init installs its own SIGTERM handler (it aborts the driver); ours must win.
+            self.install_signal_handlers()
         tracker = SweepTracker(self.settings, self.store, claim, spec)
         live = LiveSweep(claim=claim, store=self.store, tracker=tracker, spec=spec)
         live.best = self.store.get(claim.sweep_id).best_metric
@@ -186,7 +203,7 @@ class Worker:
         if live.lease_lost.is_set():
             log.warning("sweep %s: lease lost; leaving the outcome to its new owner", claim.sweep_id)
             return
-        if live.shutdown.is_set() and not live.cancel.is_set():
+        if self.shutdown.is_set() and not live.cancel.is_set():
             self.store.requeue(claim, f"worker {self.worker_id} shut down; the sweep resumes on the next claim")
             return
         if live.cancel.is_set():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from collections import Counter
 
@@ -117,3 +118,31 @@ def test_cancel_stops_running_trials_and_keeps_finished_ones(workers: Stack) -> 
     r = httpx.post(f"{stack.api_url}/sweeps/{sweep_id}/cancel")
     assert r.status_code == 409
     assert r.json()["detail"] == f"sweep {sweep_id} is cancelled; cannot cancel it"
+
+
+GRACEFUL = """
+name: graceful-xor
+task: tversky.xor
+metric: {name: accuracy}
+params: {features: 8, steps: 3000, report_every: 100}
+space:
+  seed: {grid: [0, 1]}
+max_concurrent_trials: 1
+"""
+
+
+def test_sigterm_gives_the_sweep_back_and_the_next_worker_finishes_it(workers: Stack) -> None:
+    stack, store = workers, _store(workers)
+    sweep_id = stack.submit(GRACEFUL)["id"]
+    first = stack.start_worker("leaving")
+    wait_until(lambda: any(t.iteration >= 2 for t in store.trials(sweep_id)), 180, "a trial to report twice")
+    first.send_signal(signal.SIGTERM)  # the worker alone, as `docker stop` or a rolling deploy would
+    assert first.wait(timeout=60) == 0
+    s = stack.sweep(sweep_id)
+    assert s["state"] == "queued" and s["attempts"] == 1 and s["reason"] is None, s
+    assert [e.action for e in store.events(sweep_id)][-1] == "requeue"
+
+    stack.start_worker("next")
+    s = stack.wait_state(sweep_id, ("succeeded", "failed", "cancelled"), timeout=240)
+    assert s["state"] == "succeeded" and s["attempts"] == 2, s
+    assert all(t.iteration == 30 for t in store.trials(sweep_id))
