@@ -2,8 +2,10 @@
 
 A task's `train(cfg, session)` reads `session.checkpoint` (the state it last reported, or None on a
 fresh start), wraps its model with `session.prepare_model` (DistributedDataParallel under Ray Train,
-identity otherwise) and calls `session.report(metrics, checkpoint=state)` once per iteration. The
-worker supplies a Ray-backed session; `LocalSession` runs a task alone (`python -m jobs run ...`).
+identity otherwise) and calls `session.report(metrics, checkpoint=state)` once per iteration.
+`session.log_artifact(name, data)` hands a file (a plot, a picture) to the tracker: the worker logs
+it on the trial's MLflow run. The worker supplies a Ray-backed session; `LocalSession` runs a task
+alone (`python -m jobs run ...`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ class Session(Protocol):
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Move the model to the session's device and wrap it for data-parallel training if needed."""
 
+    def log_artifact(self, name: str, data: bytes) -> None:
+        """Attach a file to the trial's run; it travels with the next `report`."""
+
 
 class LocalSession:
     """Runs a task in this process and prints a line per report."""
@@ -38,6 +43,7 @@ class LocalSession:
         self.world_size = 1
         self.history: list[dict[str, float]] = []
         self.last_checkpoint: dict[str, Any] | None = None
+        self.artifacts: dict[str, bytes] = {}
         self.quiet = quiet
 
     def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
@@ -46,9 +52,16 @@ class LocalSession:
             self.last_checkpoint = checkpoint
         if not self.quiet:
             shown = " ".join(
-                f"{k}={v:.4g}" if isinstance(v, float) and math.isfinite(v) else f"{k}={v}" for k, v in metrics.items()
+                f"{k}={v:.4g}" if isinstance(v, float) and math.isfinite(v) else f"{k}={v}"
+                for k, v in metrics.items()
+                if isinstance(v, int | float | str | bool)  # not per-model tables and the like
             )
             print(f"[{len(self.history)}] {shown}", flush=True)
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(self.device)
+
+    def log_artifact(self, name: str, data: bytes) -> None:
+        self.artifacts[name] = data
+        if not self.quiet:
+            print(f"artifact {name} ({len(data)} bytes)", flush=True)

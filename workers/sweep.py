@@ -8,6 +8,7 @@ sweep id and look up the live context (this attempt's claim, store, tracker, can
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import threading
@@ -21,7 +22,7 @@ from service.models import TrialState
 from service.queue import Claim, QueueStore
 from service.spec import Domain, SweepSpec
 from workers.tracking import SweepTracker
-from workers.trainable import run_trial, run_trial_distributed
+from workers.trainable import ARTIFACTS_KEY, run_trial, run_trial_distributed
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,9 @@ class ProgressCallback(tune.Callback):
         if live is None:
             return
         step = int(result.get("training_iteration", 0))
+        files = result.get(ARTIFACTS_KEY)
+        if isinstance(files, dict) and files:
+            live.tracker.log_trial_files(trial.trial_id, {k: base64.b64decode(v) for k, v in files.items()})
         metrics = _numeric(result, self.metric_keys)
         live.store.trial_result(self.sweep_id, trial.trial_id, step, metrics)
         # The high-water mark makes logging idempotent: a trial restored from an older checkpoint

@@ -132,6 +132,11 @@ class SweepTracker:
         ts = _now_ms()
         self.client.log_batch(run_id, metrics=[Metric(k, v, ts, step) for k, v in metrics.items()])
 
+    def log_trial_files(self, trial_id: str, files: dict[str, bytes]) -> None:
+        """Files a task logged with `session.log_artifact`, on the trial's child run (re-logging after
+        a resume overwrites the same paths: no duplicates)."""
+        _log_files(self.client, self._children.get(trial_id) or self.child_run(trial_id, {}), files)
+
     def end_trial(self, trial_id: str, status: str) -> None:
         run_id = self._children.get(trial_id)
         if run_id:
@@ -168,13 +173,7 @@ class SweepTracker:
 
     def log_files(self, files: dict[str, bytes], folder: str) -> None:
         """Write named files (a task's sweep-level summary) as artifacts of the parent run."""
-        if not files:
-            return
-        with tempfile.TemporaryDirectory() as d:
-            for name, data in files.items():
-                safe = Path(name).name  # task-chosen names: never let one climb out of the folder
-                (Path(d) / safe).write_bytes(data)
-            self.client.log_artifacts(self.parent_run_id, d, artifact_path=folder)
+        _log_files(self.client, self.parent_run_id, files, folder)
 
     def _plots(self, trials: list[Any], folder: Path) -> list[Path]:
         import matplotlib
@@ -218,6 +217,16 @@ class SweepTracker:
             self.client.set_tag(self.parent_run_id, "layerlab.best_trial_id", best["trial_id"])
             self.client.set_tag(self.parent_run_id, "layerlab.best_config", json.dumps(best["config"])[:5000])
         self.client.set_terminated(self.parent_run_id, status=status)
+
+
+def _log_files(client: MlflowClient, run_id: str, files: dict[str, bytes], folder: str | None = None) -> None:
+    if not files:
+        return
+    with tempfile.TemporaryDirectory() as d:
+        for name, data in files.items():
+            # Path(...).name: a task-chosen name never climbs out of the folder.
+            (Path(d) / Path(name).name).write_bytes(data)
+        client.log_artifacts(run_id, d, artifact_path=folder)
 
 
 def _now_ms() -> int:

@@ -7,6 +7,7 @@ build a Ray Train (V2) `TorchTrainer` whose workers report through `ray.train.re
 
 from __future__ import annotations
 
+import base64
 import os
 import tempfile
 from pathlib import Path
@@ -17,6 +18,26 @@ import torch
 from jobs.registry import get_task
 
 CHECKPOINT_FILE = "checkpoint.pt"
+ARTIFACTS_KEY = "artifacts"
+"""Result key under which files from `session.log_artifact` reach the driver (name -> base64)."""
+
+
+class _Artifacts:
+    """Files waiting for the next report. They ride in the result dict, which reaches the Tune
+    driver from whichever node ran the trial, so they need no shared filesystem."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, str] = {}
+
+    def log_artifact(self, name: str, data: bytes) -> None:
+        self.pending[name] = base64.b64encode(data).decode("ascii")
+
+    def attach(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        if not self.pending:
+            return metrics
+        out = {**metrics, ARTIFACTS_KEY: self.pending}
+        self.pending = {}
+        return out
 
 
 def load_checkpoint_dir(path: str | Path) -> dict[str, Any]:
@@ -24,12 +45,13 @@ def load_checkpoint_dir(path: str | Path) -> dict[str, Any]:
     return state
 
 
-class TuneSession:
+class TuneSession(_Artifacts):
     """Session for a plain Tune trial (one process)."""
 
     def __init__(self) -> None:
         from ray import tune
 
+        super().__init__()
         self._tune = tune
         self.device = torch.device("cpu")
         self.world_rank, self.world_size = 0, 1
@@ -40,6 +62,7 @@ class TuneSession:
                 self.checkpoint = load_checkpoint_dir(d)
 
     def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
+        metrics = self.attach(metrics)
         if checkpoint is None:
             self._tune.report(metrics)
             return
@@ -52,13 +75,15 @@ class TuneSession:
         return model.to(self.device)
 
 
-class TrainSession:
-    """Session for one Ray Train worker; rank 0 writes the checkpoints."""
+class TrainSession(_Artifacts):
+    """Session for one Ray Train worker; rank 0 writes the checkpoints (and only its artifacts count:
+    TuneReportCallback forwards rank 0's metrics)."""
 
     def __init__(self) -> None:
         import ray.train
         import ray.train.torch
 
+        super().__init__()
         self._train = ray.train
         ctx = ray.train.get_context()
         self.world_rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
@@ -70,6 +95,7 @@ class TrainSession:
                 self.checkpoint = load_checkpoint_dir(d)
 
     def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
+        metrics = self.attach(metrics)
         with tempfile.TemporaryDirectory() as d:
             ckpt = None
             if checkpoint is not None and self.world_rank == 0:

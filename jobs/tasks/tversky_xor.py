@@ -135,8 +135,37 @@ def train(cfg: XorConfig, session: Session) -> None:
         optimizer.step()
 
         # --- log
+        if step == cfg.steps:  # the picture rides with the last report
+            session.log_artifact("decision_boundary.png", decision_boundary_png(raw_model, cfg))
         if step % cfg.report_every == 0 or step == cfg.steps:
             report(step)
+
+
+def decision_boundary_png(model: torch.nn.Module, cfg: XorConfig) -> bytes:
+    """P(class 1) over [-0.5, 1.5]^2 with the four XOR points: what the layer actually learned."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = torch.linspace(-0.5, 1.5, 101)
+    xx, yy = torch.meshgrid(grid, grid, indexing="xy")  # [101, 101] each
+    points = torch.stack([xx.flatten(), yy.flatten()], dim=1)  # [101*101, 2]
+    with torch.no_grad():
+        p1 = model(points).softmax(dim=1)[:, 1].reshape(xx.shape)
+    x, y = xor_data()
+    fig, ax = plt.subplots(figsize=(4, 4))
+    ax.contourf(xx.numpy(), yy.numpy(), p1.numpy(), levels=20, cmap="RdBu_r", vmin=0, vmax=1)
+    # points filled with their true class colour, ringed in white: a point that blends in is right
+    ax.scatter(x[:, 0], x[:, 1], c=y, cmap="RdBu_r", edgecolors="w", linewidths=2, s=120, vmin=0, vmax=1)
+    ax.set(title=f"{cfg.intersection}/{cfg.difference}, |Ω|={cfg.features}", xlabel="x1", ylabel="x2")
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    return buf.getvalue()
 
 
 TASK = Task(

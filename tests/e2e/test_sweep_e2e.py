@@ -81,6 +81,8 @@ def test_six_trial_sweep_registers_a_loadable_model(workers: Stack, tmp_path: Pa
         assert child.data.params["steps"] == "300"
         steps = [m.step for m in client.get_metric_history(child.info.run_id, "accuracy")]
         assert sorted(steps) == [1, 2, 3, 4, 5, 6], steps  # one value per iteration, none twice
+        # the task's session.log_artifact reached the trial's run through the result stream
+        assert [a.path for a in client.list_artifacts(child.info.run_id)] == ["decision_boundary.png"]
     artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert {"spec.yaml", "trials.csv", "plots"} <= artifacts, artifacts
     plots = {a.path for a in client.list_artifacts(parents[0].info.run_id, "plots")}
