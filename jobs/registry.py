@@ -15,6 +15,9 @@ from typing import Any
 # name -> "module:attribute" of the Task object
 _TASK_MODULES: dict[str, str] = {
     "tversky.xor": "jobs.tasks.tversky_xor:TASK",
+    "tversky.xor_grid": "jobs.tasks.tversky_xor_grid:TASK",
+    "tversky.lm": "jobs.tasks.tversky_lm:TASK",
+    "tversky.image": "jobs.tasks.tversky_image:TASK",
 }
 
 
@@ -43,6 +46,8 @@ class Task:
     metrics: Mapping[str, str]
     """The metrics the task reports, name -> the mode that means better ("min" or "max")."""
     description: str = ""
+    summarize: Callable[[list[dict[str, Any]]], dict[str, bytes]] | None = None
+    """summarize(rows) -> artifact file name -> bytes, for the parent run; rows = every trial's final "table"."""
 
     def make_config(self, params: Mapping[str, Any]) -> Any:
         """Build the config from a flat mapping; unknown names raise TypeError naming them."""

@@ -63,7 +63,7 @@ def register_model(
                 code_paths=[str(Path(jobs.__file__).parent)],
                 signature=signature,
                 # Explicit requirements: inference would load the model in a subprocess (seconds).
-                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"],
+                pip_requirements=model_requirements(model),
                 registered_model_name=name,
             )
         existing = str(info.registered_model_version)
@@ -79,6 +79,20 @@ def register_model(
     client.set_registered_model_alias(name, alias, existing)
     log.info("registered %s version %s as @%s", name, existing, alias)
     return existing
+
+
+def model_requirements(model: torch.nn.Module) -> list[str]:
+    """torch and mlflow, plus the distribution of every other package whose classes the pickled
+    model holds (torchvision's ResNet in tversky.image); `jobs` travels as code_paths."""
+    import importlib.metadata as md
+
+    packages = {type(m).__module__.split(".")[0] for m in model.modules()} - {"jobs", "torch", "builtins"}
+    reqs = [f"torch=={md.version('torch').split('+')[0]}", f"mlflow=={mlflow.__version__}"]
+    dists = md.packages_distributions()
+    for pkg in sorted(packages):
+        for dist in dists.get(pkg, []):
+            reqs.append(f"{dist}=={md.version(dist).split('+')[0]}")
+    return reqs
 
 
 def _version_of_run(client: MlflowClient, name: str, run_id: str) -> str | None:

@@ -182,6 +182,7 @@ class SweepTracker:
         import matplotlib.pyplot as plt
 
         metric, out = self.spec.metric.name, []
+        stem = metric.replace("/", "_")  # slash-grouped metric names (test/accuracy) are not file names
         fig, ax = plt.subplots(figsize=(8, 5))
         for t in trials:
             if not t.mlflow_run_id:
@@ -192,7 +193,7 @@ class SweepTracker:
                 ax.plot([m.step for m in hist], [m.value for m in hist], alpha=0.6, lw=1)
         ax.set(xlabel="iteration", ylabel=metric, title=f"{self.spec.name}: {metric} per trial")
         fig.tight_layout()
-        out.append(folder / f"{metric}_curves.png")
+        out.append(folder / f"{stem}_curves.png")
         fig.savefig(out[-1], dpi=100)
         plt.close(fig)
 
@@ -202,7 +203,7 @@ class SweepTracker:
             ax.bar(range(len(finals)), [v for _, v in finals])
             ax.set(xlabel="trial", ylabel=f"final {metric}", title=f"{self.spec.name}: final {metric}")
             fig.tight_layout()
-            out.append(folder / f"{metric}_final.png")
+            out.append(folder / f"{stem}_final.png")
             fig.savefig(out[-1], dpi=100)
             plt.close(fig)
         return out

@@ -1,0 +1,201 @@
+"""jobs/tasks/tversky_image.py: config validation, real optimizer steps for both heads, frozen backbone, resume,
+MNIST from generated IDX files, prototype pictures, and the two sweep files."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from pydantic import TypeAdapter, ValidationError
+
+from jobs.config import field_docs
+from jobs.data.images import write_mnist_idx
+from jobs.layers.image_heads import ImageClassifier
+from jobs.layers.tversky import TverskyProjection
+from jobs.registry import get_task
+from jobs.runtime import LocalSession
+from jobs.tasks.tversky_image import TASK, ImageConfig, build_model, example_input, prototype_pictures, train
+
+REPO = Path(__file__).resolve().parents[3]
+# A tiny budget: 48 digits at 16x16, batches of 16, so one epoch is 3 optimizer steps.
+TINY: dict[str, Any] = {"max_train_images": 48, "max_test_images": 32, "image_size": 16, "batch_size": 16, "epochs": 1}
+
+
+def _run(cfg: ImageConfig, checkpoint: dict[str, Any] | None = None) -> LocalSession:
+    session = LocalSession(checkpoint=checkpoint, quiet=True)
+    train(cfg, session)
+    return session
+
+
+def _initial(cfg: ImageConfig) -> dict[str, torch.Tensor]:
+    torch.manual_seed(cfg.seed)  # the same init train() builds from the seed
+    return {k: v.clone() for k, v in build_model(cfg).state_dict().items()}
+
+
+def test_registered() -> None:
+    assert get_task("tversky.image") is TASK
+    assert dict(TASK.metrics) == {"test/accuracy": "max", "test/loss": "min", "train/loss": "min"}
+    cfg = ImageConfig(image_size=16)
+    x = example_input(cfg)
+    assert x.dtype == torch.float32 and x.shape == (2, 1, 16, 16)
+    for head in ("linear", "tversky"):
+        model = build_model(dataclasses.replace(cfg, head=head)).eval()
+        assert model(x).shape == (2, 10)
+        # A pickled registered model needs only importable classes: ours live in jobs.layers, none in a test.
+        modules = {type(m).__module__ for m in model.modules()}
+        assert type(model).__module__ == "jobs.layers.image_heads", modules
+        assert all(m.startswith(("jobs.layers.", "torch.nn.", "torchvision.models.")) for m in modules), modules
+    assert isinstance(build_model(cfg).head, TverskyProjection)
+
+
+def test_every_field_has_a_default_and_a_docstring() -> None:
+    docs = field_docs(ImageConfig)
+    for f in dataclasses.fields(ImageConfig):
+        assert f.default is not dataclasses.MISSING, f"{f.name} has no default"
+        assert docs.get(f.name), f"{f.name} has no docstring"
+    cfg = ImageConfig()
+    assert (cfg.dataset, cfg.backbone, cfg.image_size, cfg.epochs) == ("digits", "resnet18", 32, 3)
+
+
+@pytest.mark.parametrize(
+    "params,field",
+    [
+        ({"dataset": "cifar10"}, "dataset"),
+        ({"backbone": "resnet34"}, "backbone"),
+        ({"head": "mlp"}, "head"),
+        ({"stem": "cifar"}, "stem"),
+        ({"image_size": 4}, "image_size"),
+        ({"features": 0}, "features"),
+        ({"lr": 0.0}, "lr"),
+        ({"weight_decay": -0.1}, "weight_decay"),
+        ({"optimizer": "sgd"}, "optimizer"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"epochs": 0}, "epochs"),
+        ({"max_train_images": 1}, "max_train_images"),
+        ({"init_scale": -1.0}, "init_scale"),
+        ({"seed": -1}, "seed"),
+    ],
+)
+def test_field_errors_name_the_field(params: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        TypeAdapter(ImageConfig).validate_python(params)
+    assert all(e["loc"][0] == field for e in info.value.errors()), info.value.errors()
+    with pytest.raises(ValueError, match=rf"^{field}: "):  # direct construction (Task.make_config) checks too
+        ImageConfig(**params)
+
+
+@pytest.mark.parametrize("head", ["linear", "tversky"])
+def test_tiny_run_takes_optimizer_steps(head: str) -> None:
+    cfg = ImageConfig(head=head, **TINY)
+    initial = _initial(cfg)
+    session = _run(cfg)
+    (last,) = session.history
+    assert set(last) == {"train/loss", "test/accuracy", "test/loss", "epoch", "params/total", "params/head"}
+    assert last["epoch"] == 1 and 0.0 <= last["test/accuracy"] <= 1.0 and np.isfinite(last["train/loss"])
+    model = build_model(cfg)
+    assert last["params/total"] == sum(p.numel() for p in model.parameters())
+    assert last["params/head"] == sum(p.numel() for p in model.head.parameters()) < last["params/total"]
+    ckpt = session.last_checkpoint
+    assert ckpt is not None and set(ckpt) == {"model", "optimizer", "scheduler", "epoch", "config"}
+    assert ckpt["epoch"] == 1 and ckpt["config"] == dataclasses.asdict(cfg)
+    for name, _ in model.named_parameters():
+        assert not torch.equal(initial[name], ckpt["model"][name]), f"{name} did not change: no optimizer step"
+    assert len(ckpt["optimizer"]["state"]) == len(list(model.parameters()))
+    model.load_state_dict(ckpt["model"])  # the worker registers build_model(cfg) + checkpoint["model"]
+
+
+def test_frozen_backbone_trains_only_the_head() -> None:
+    # 33 images: the last batch holds one image, which BatchNorm cannot train on; the run must skip it.
+    cfg = ImageConfig(freeze_backbone=True, **{**TINY, "max_train_images": 33})
+    initial = _initial(cfg)
+    session = _run(cfg)
+    ckpt = session.last_checkpoint
+    assert ckpt is not None
+    model = build_model(cfg)
+    assert not any(p.requires_grad for p in model.backbone.parameters())
+    for name, _ in model.named_parameters():
+        changed = not torch.equal(initial[name], ckpt["model"][name])
+        assert changed == name.startswith("head."), f"{name}: changed={changed}"
+    assert len(ckpt["optimizer"]["state"]) == len(list(model.head.parameters()))
+    assert session.history[-1]["params/total"] == sum(p.numel() for p in model.parameters())  # frozen ones count
+
+
+class _Crash(Exception):
+    pass
+
+
+class CrashingSession(LocalSession):
+    """Dies right after reporting epoch `crash_at`, like a worker killed between two epochs."""
+
+    def __init__(self, crash_at: int) -> None:
+        super().__init__(quiet=True)
+        self.crash_at = crash_at
+
+    def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
+        super().report(metrics, checkpoint)
+        if metrics["epoch"] >= self.crash_at:
+            raise _Crash
+
+
+def test_resume_continues_at_the_next_epoch_and_matches_an_uninterrupted_run() -> None:
+    cfg = ImageConfig(**{**TINY, "max_train_images": 32, "epochs": 2})
+    crashed = CrashingSession(crash_at=1)
+    with pytest.raises(_Crash):
+        train(cfg, crashed)
+    assert crashed.last_checkpoint is not None and crashed.last_checkpoint["epoch"] == 1
+    resumed = _run(cfg, checkpoint=crashed.last_checkpoint)
+    assert [h["epoch"] for h in resumed.history] == [2]
+    full = _run(cfg)
+    assert resumed.history == full.history[1:]
+    assert resumed.last_checkpoint is not None and full.last_checkpoint is not None
+    for name, value in full.last_checkpoint["model"].items():
+        got = resumed.last_checkpoint["model"][name]
+        assert torch.equal(value, got), f"{name}: max abs diff {(value.double() - got.double()).abs().max()}"
+
+
+def test_non_finite_loss_stops_without_a_step() -> None:
+    cfg = ImageConfig(init_scale=1e30, **{**TINY, "epochs": 3})  # the Tversky products overflow to inf
+    initial = _initial(cfg)
+    session = _run(cfg)
+    (last,) = session.history
+    assert last["epoch"] == 1 and np.isnan(last["train/loss"])
+    assert session.last_checkpoint is not None
+    state = session.last_checkpoint["model"]
+    assert all(torch.equal(initial[name], state[name]) for name, _ in build_model(cfg).named_parameters())
+
+
+def test_mnist_from_generated_idx_files(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(80, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=80, dtype=np.uint8)
+    write_mnist_idx(tmp_path, images[:64], labels[:64], images[64:], labels[64:])
+    cfg = ImageConfig(dataset="mnist", data_dir=str(tmp_path), head="linear", **TINY)
+    session = _run(cfg)
+    assert session.history[-1]["epoch"] == 1 and np.isfinite(session.history[-1]["test/loss"])
+    with pytest.raises(FileNotFoundError, match="MNIST not found: .*MNIST/raw lacks train-images-idx3-ubyte"):
+        _run(dataclasses.replace(cfg, data_dir=str(tmp_path / "empty")))
+
+
+def test_prototype_pictures_png() -> None:
+    cfg = ImageConfig(image_size=16)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    images = torch.rand(12, 1, 16, 16)
+    png = prototype_pictures(model, images, per_prototype=3)
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+    assert model.training  # left as it was found
+    with pytest.raises(ValueError, match="needs a Tversky head"):
+        prototype_pictures(build_model(dataclasses.replace(cfg, head="linear")), images)
+    assert isinstance(model, ImageClassifier)
+
+
+@pytest.mark.parametrize("path", ["sweeps/tversky_image.yaml", "sweeps/gpu/tversky_image_resnet50.yaml"])
+def test_sweep_files_validate(path: str) -> None:
+    spec_module = pytest.importorskip("service.spec")
+    spec = spec_module.parse_spec((REPO / path).read_text())
+    assert spec.task == "tversky.image" and spec.metric.name == "test/accuracy" and spec.metric.mode == "max"
+    assert spec.register is not None
