@@ -1,0 +1,352 @@
+"""jobs/tasks/tversky_xor_grid.py: the batched layer against TverskyProjection, real optimisation, isolation of a
+non-finite model, resume, and the summary artifacts."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pydantic import TypeAdapter, ValidationError
+
+from jobs.config import field_docs
+from jobs.layers.tversky import DIFFERENCES, INTERSECTIONS, SIMILARITIES, TverskyProjection
+from jobs.registry import get_task
+from jobs.runtime import LocalSession
+from jobs.tasks import tversky_xor, tversky_xor_grid
+from jobs.tasks.tversky_xor_grid import (
+    _REDUCE,
+    TASK,
+    XorGridConfig,
+    build_model,
+    grid_points,
+    per_model_loss,
+    summarize,
+    train,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+PARAMS = ("feature_bank", "prototypes", "theta", "alpha", "beta")
+TINY = XorGridConfig(features=(4,), seeds=2, steps=50, report_every=10)  # 2 x 1 x 3 x 3 x 2 = 36 models
+
+
+def test_registered() -> None:
+    assert get_task("tversky.xor_grid") is TASK
+    assert dict(TASK.metrics) == {"convergence_rate": "max", "loss": "min"}
+    assert TASK.summarize is summarize
+    assert TASK.example_input(TINY).shape == (4, 2)
+    assert type(build_model(TINY)).__module__ == "jobs.tasks.tversky_xor_grid"  # loads with only `jobs` importable
+    assert set(INTERSECTIONS) == set(_REDUCE) | {"product"}, "a Ψ of the layer has no batched reduction"
+
+
+def test_config_defaults_are_the_papers_grid() -> None:
+    docs = field_docs(XorGridConfig)
+    for f in dataclasses.fields(XorGridConfig):
+        assert f.default is not dataclasses.MISSING, f"{f.name} has no default"
+        assert docs.get(f.name), f"{f.name} has no docstring"
+    cfg = XorGridConfig()
+    assert cfg.models == len(grid_points(cfg)) == 972 and 12 * cfg.models == 11_664
+    assert (cfg.steps, cfg.lr) == (1000, 0.1)
+    # A sweep's params come from Tune as lists: both edges store tuples.
+    as_lists = {"features": [4, 8], "normalize": [True], "prototype_inits": ["normal"]}
+    expected = XorGridConfig(features=(4, 8), normalize=(True,), prototype_inits=("normal",))
+    assert XorGridConfig(**as_lists) == expected  # type: ignore[arg-type]
+    assert TypeAdapter(XorGridConfig).validate_python(as_lists) == expected
+
+
+@pytest.mark.parametrize(
+    "params,message",
+    [
+        ({"features": (0, 4)}, r"^features: every value must be integers > 0, got 0"),
+        ({"features": (4, 4)}, r"^features: values must be distinct"),
+        ({"prototype_inits": ("xavier",)}, r"^prototype_inits: every value must be one of uniform"),
+        ({"normalize": ()}, r"^normalize: must be a non-empty list"),
+        ({"seeds": 0}, r"^seeds: must be > 0, got 0"),
+        ({"report_every": 5000}, r"^report_every: must be <= steps \(1000\), got 5000"),
+    ],
+)
+def test_config_errors_name_the_field(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        XorGridConfig(**params)
+    with pytest.raises(ValidationError):
+        TypeAdapter(XorGridConfig).validate_python(params)
+
+
+FORWARD_GRID = list(itertools.product(INTERSECTIONS, DIFFERENCES, SIMILARITIES))
+
+
+@pytest.mark.parametrize("intersection,difference,similarity", FORWARD_GRID, ids=["-".join(g) for g in FORWARD_GRID])
+def test_batched_forward_matches_the_layer(intersection: str, difference: str, similarity: str) -> None:
+    cfg = XorGridConfig(intersection, difference, similarity, features=(1, 3, 8), seeds=2)  # both normalize values
+    grid = build_model(cfg)
+    torch.manual_seed(0)
+    with torch.no_grad():  # normal draws: both signs of every dot product, so every branch is exercised
+        mask = torch.arange(8)[None, :, None] < grid.num_features[:, None, None]  # the padded rows stay zero
+        grid.feature_bank.copy_(torch.randn_like(grid.feature_bank) * mask)
+        grid.prototypes.copy_(torch.randn_like(grid.prototypes))
+        for name in ("theta", "alpha", "beta"):
+            getattr(grid, name).copy_(torch.rand_like(getattr(grid, name)) + 0.5)
+    x = tversky_xor.xor_data()[0]
+    out = grid(x)  # [M, 4, 2]
+    weights = torch.randn_like(out)  # a generic upstream gradient
+    (out * weights).sum().backward()
+    for m, point in enumerate(grid_points(cfg)):
+        f = point["features"]
+        layer = TverskyProjection(2, 2, f, intersection, difference, similarity, bool(grid.normalize[m]))
+        with torch.no_grad():
+            layer.feature_bank.copy_(grid.feature_bank[m, :f])
+            layer.prototypes.copy_(grid.prototypes[m])
+            for name in ("theta", "alpha", "beta"):
+                getattr(layer, name).copy_(getattr(grid, name)[m])
+        ref = layer(x)
+        (ref * weights[m]).sum().backward()
+        diff = (ref - out[m]).abs().max().item()
+        assert diff <= 1e-5 * max(1.0, ref.abs().max().item()), f"model {m} {point}: forward max abs diff {diff:.3g}"
+        for name in PARAMS:
+            ref_grad, grid_grad = getattr(layer, name).grad, getattr(grid, name).grad
+            if ref_grad is None or grid_grad is None:  # ratio leaves θ unused
+                assert ref_grad is None and grid_grad is None, f"{name}: one gradient is None: {ref_grad}, {grid_grad}"
+                continue
+            got = grid_grad[m]
+            if name == "feature_bank":
+                assert torch.all(got[f:] == 0), f"model {m}: padded feature rows got a gradient"
+                got = got[:f]
+            gdiff = (ref_grad - got).abs().max().item()
+            assert gdiff <= 1e-4 * max(1.0, ref_grad.abs().max().item()), f"model {m} {name}: grad diff {gdiff:.3g}"
+
+
+def test_each_model_starts_as_the_single_xor_task() -> None:
+    # Same init as tversky.xor for the same seed, and the same loss and gradient there. (Whole runs are not
+    # compared: a gradient that cancels to exactly 0 in one summation order is ~1e-9 in another, and Adam turns
+    # that into a full lr-sized step, so runs drift apart by rounding alone; the reference layer does the same.)
+    cfg = XorGridConfig(features=(2, 4), prototype_inits=("uniform", "orthogonal"), feature_inits=("normal",), seeds=2)
+    grid = build_model(cfg)
+    x, y = tversky_xor.xor_data()
+    per_model_loss(grid(x), y).sum().backward()
+    for m, p in enumerate(grid_points(cfg)):
+        single_cfg = tversky_xor.XorConfig(
+            cfg.intersection, cfg.difference, cfg.similarity, p["normalize"], p["features"], p["prototype_init"],
+            p["feature_init"], seed=p["seed"],
+        )  # fmt: skip
+        torch.manual_seed(p["seed"])
+        single = tversky_xor.build_model(single_cfg)
+        torch.nn.functional.cross_entropy(single(x), y).backward()
+        f = p["features"]
+        for name in PARAMS:
+            ours = getattr(grid, name)[m, :f] if name == "feature_bank" else getattr(grid, name)[m]
+            assert torch.equal(getattr(single, name), ours), f"model {m} {p}: {name} init differs"
+            want = getattr(single, name).grad
+            grad = getattr(grid, name).grad
+            got = grad[m, :f] if name == "feature_bank" else grad[m]  # type: ignore[index]
+            diff = (want - got).abs().max().item()
+            assert diff < 1e-5 * max(1.0, want.abs().max().item()), f"model {m} {p}: {name} grad diff {diff:.3g}"
+
+
+def test_one_adam_over_the_stack_is_one_adam_per_model() -> None:
+    # Adam is elementwise: model m of the stack ends where the same model trained alone (a 1-model grid) ends.
+    stacked = _run(TINY)
+    assert stacked.last_checkpoint is not None
+    for m, p in list(enumerate(grid_points(TINY)))[::5]:
+        alone_cfg = dataclasses.replace(
+            TINY, normalize=(p["normalize"],), prototype_inits=(p["prototype_init"],),
+            feature_inits=(p["feature_init"],), seeds=p["seed"] + 1,
+        )  # fmt: skip
+        index = grid_points(alone_cfg).index(p)
+        alone = _run(alone_cfg)
+        assert alone.last_checkpoint is not None
+        for name in PARAMS:
+            want, got = alone.last_checkpoint["model"][name][index], stacked.last_checkpoint["model"][name][m]
+            diff = (want - got).abs().max().item()
+            assert diff < 1e-5, f"model {m} {p}: {name} max abs diff {diff:.3g} after {TINY.steps} steps"
+
+
+def _run(cfg: XorGridConfig, checkpoint: dict[str, Any] | None = None) -> LocalSession:
+    session = LocalSession(checkpoint=checkpoint, quiet=True)
+    train(cfg, session)
+    return session
+
+
+def test_tiny_run_takes_optimizer_steps() -> None:
+    initial = build_model(TINY)
+    x, y = tversky_xor.xor_data()
+    with torch.no_grad():
+        initial_loss = per_model_loss(initial(x), y).mean().item()
+    session = _run(TINY)
+    assert [h["step"] for h in session.history] == [10, 20, 30, 40, 50]
+    assert all("table" not in h for h in session.history[:-1])
+    ckpt = session.last_checkpoint
+    assert ckpt is not None and set(ckpt) == {"model", "optimizer", "step", "config"} and ckpt["step"] == 50
+    for name in PARAMS:
+        changed = (ckpt["model"][name] != getattr(initial, name).detach()).reshape(TINY.models, -1).any(1)
+        assert changed.all(), f"{name}: models {torch.nonzero(~changed).flatten().tolist()} took no optimizer step"
+    final = session.history[-1]
+    assert final["loss"] < initial_loss, f"mean loss {initial_loss:.4f} -> {final['loss']:.4f}"
+    assert 0.0 < final["convergence_rate"] <= 1.0 and final["failed_rate"] == 0.0
+    table = final["table"]
+    assert len(table) == TINY.models == 36 and isinstance(table, list) and repr(table) == "<36 rows>"
+    assert sum(r["converged"] for r in table) / 36 == pytest.approx(final["convergence_rate"])
+    assert [{k: r[k] for k in grid_points(TINY)[0]} for r in table] == grid_points(TINY)
+    reloaded = build_model(TINY)
+    reloaded.load_state_dict(ckpt["model"])  # the worker registers build_model(cfg) + checkpoint["model"]
+
+
+class _Crash(Exception):
+    pass
+
+
+class CrashingSession(LocalSession):
+    """Dies right after reporting `crash_at`, like a worker killed between two iterations."""
+
+    def __init__(self, crash_at: int) -> None:
+        super().__init__(quiet=True)
+        self.crash_at = crash_at
+
+    def report(self, metrics: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> None:
+        super().report(metrics, checkpoint)
+        if metrics["step"] >= self.crash_at:
+            raise _Crash
+
+
+def _checkpoint_at(step: int) -> dict[str, Any]:
+    crashed = CrashingSession(crash_at=step)
+    with pytest.raises(_Crash):
+        train(TINY, crashed)
+    assert crashed.last_checkpoint is not None and crashed.last_checkpoint["step"] == step
+    return crashed.last_checkpoint
+
+
+def test_resume_continues_and_matches_an_uninterrupted_run() -> None:
+    resumed = _run(TINY, checkpoint=_checkpoint_at(20))
+    assert [h["step"] for h in resumed.history] == [30, 40, 50]
+    full = _run(TINY)
+    assert resumed.history == full.history[2:]
+    assert resumed.last_checkpoint is not None and full.last_checkpoint is not None
+    for name, value in full.last_checkpoint["model"].items():
+        got = resumed.last_checkpoint["model"][name]
+        assert torch.equal(value, got), f"{name}: max abs diff {(value.float() - got.float()).abs().max()}"
+
+
+def _assert_only_model_differs(clean: LocalSession, poisoned: LocalSession, bad: int, failed_step: int) -> None:
+    assert clean.last_checkpoint is not None and poisoned.last_checkpoint is not None
+    a, b = clean.last_checkpoint["model"], poisoned.last_checkpoint["model"]
+    others = torch.arange(TINY.models) != bad
+    for name in PARAMS:
+        diff = (a[name][others] - b[name][others]).abs().max().item()
+        assert torch.equal(a[name][others], b[name][others]), f"{name}: another model moved, max abs diff {diff:.3g}"
+    assert b["failed_step"].tolist() == [failed_step if m == bad else 0 for m in range(TINY.models)]
+    rows_a, rows_b = clean.history[-1]["table"], poisoned.history[-1]["table"]
+    assert [r for m, r in enumerate(rows_a) if m != bad] == [r for m, r in enumerate(rows_b) if m != bad]
+    assert rows_b[bad]["converged"] is False and rows_b[bad]["failed_step"] == failed_step
+    assert rows_b[bad]["final_loss"] is None
+    assert poisoned.history[-1]["failed_rate"] == pytest.approx(1 / TINY.models)
+
+
+def test_a_model_that_goes_non_finite_mid_run_is_frozen_alone() -> None:
+    checkpoint = _checkpoint_at(20)  # Adam's moments are non-zero by now: freezing must clear them
+    poisoned_ckpt = {**checkpoint, "model": {k: v.clone() for k, v in checkpoint["model"].items()}}
+    bad = 7
+    poisoned_ckpt["model"]["prototypes"][bad, 0, 0] = float("nan")
+    clean, poisoned = _run(TINY, checkpoint), _run(TINY, poisoned_ckpt)
+    _assert_only_model_differs(clean, poisoned, bad, failed_step=21)
+    assert poisoned.last_checkpoint is not None
+    for name in ("feature_bank", "theta", "alpha", "beta"):  # frozen at its last finite parameters
+        frozen, before = poisoned.last_checkpoint["model"][name][bad], checkpoint["model"][name][bad]
+        assert torch.equal(frozen, before), f"{name} of the failed model moved after it failed"
+
+
+def test_a_model_that_starts_non_finite_fails_at_step_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = 30
+
+    def poisoned_build(cfg: XorGridConfig) -> Any:
+        model = build_model(cfg)
+        with torch.no_grad():
+            model.prototypes[bad] = float("inf")
+        return model
+
+    clean = _run(TINY)
+    monkeypatch.setattr(tversky_xor_grid, "build_model", poisoned_build)
+    _assert_only_model_differs(clean, _run(TINY), bad, failed_step=1)
+
+
+def _fake_rows() -> list[dict[str, Any]]:
+    rows = []
+    for inter, diff, feats, norm, pinit, finit in itertools.product(
+        ("min", "product"), DIFFERENCES, (16, 1), (False, True), ("uniform", "normal"), ("orthogonal", "uniform")
+    ):
+        converged = inter == "product" and (feats == 16 or pinit == "uniform")
+        failed = inter == "min" and diff == "ignorematch" and norm
+        rows.append(
+            {
+                "intersection": inter, "difference": diff, "similarity": "contrast", "normalize": norm,
+                "features": feats, "prototype_init": pinit, "feature_init": finit, "seed": 0,
+                "converged": converged, "failed_step": 3 if failed else None,
+                "final_loss": None if failed else 0.1, "final_accuracy": 1.0 if converged else 0.5,
+                "steps": 1000, "prototype_inits": ["uniform", "normal"],  # merged in from the trial config
+            }
+        )  # fmt: skip
+    return rows
+
+
+def _csv(data: bytes) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(data.decode())))
+
+
+def test_summarize_writes_csvs_and_heatmaps() -> None:
+    rows = _fake_rows()
+    files = summarize(rows)
+    tables = ("psi_difference", "init", "features", "normalize")
+    assert set(files) == {f"convergence_{t}.{ext}" for t in tables for ext in ("csv", "png")} | {"runs.csv"}
+    for t in tables:
+        assert files[f"convergence_{t}.png"].startswith(b"\x89PNG\r\n\x1a\n"), f"{t}: not a PNG"
+    by_pair = _csv(files["convergence_psi_difference.csv"])
+    assert list(by_pair[0]) == ["intersection", "difference", "runs", "converged", "failed", "rate"]
+    assert [(r["intersection"], r["difference"]) for r in by_pair] == [  # the layer's order, not the rows'
+        ("product", "ignorematch"), ("product", "substractmatch"), ("min", "ignorematch"), ("min", "substractmatch")
+    ]  # fmt: skip
+    assert [r["runs"] for r in by_pair] == ["16"] * 4
+    assert [r["rate"] for r in by_pair] == ["0.7500", "0.7500", "0.0000", "0.0000"]
+    assert [r["failed"] for r in by_pair] == ["0", "0", "8", "0"]
+    init = _csv(files["convergence_init.csv"])
+    assert list(init[0]) == ["prototype_init", "feature_init", "runs", "converged", "failed", "rate"]
+    assert {(r["prototype_init"], r["feature_init"]): r["rate"] for r in init}[("normal", "uniform")] == "0.2500"
+    features = _csv(files["convergence_features.csv"])
+    assert list(features[0]) == ["features", "runs", "converged", "failed", "rate"]
+    assert [(r["features"], r["rate"]) for r in features] == [("1", "0.2500"), ("16", "0.5000")]
+    normalize = _csv(files["convergence_normalize.csv"])
+    assert [(r["normalize"], r["runs"], r["failed"]) for r in normalize] == [("False", "32", "0"), ("True", "32", "8")]
+    runs = _csv(files["runs.csv"])
+    assert (
+        len(runs) == len(rows)
+        and "steps" not in runs[0]
+        and list(runs[0])[:3] == ["intersection", "difference", "similarity"]
+    )
+
+
+def test_summarize_rejects_rows_it_cannot_read() -> None:
+    with pytest.raises(ValueError, match="got no rows"):
+        summarize([])
+    with pytest.raises(ValueError, match="rows lack features"):
+        summarize([{k: v for k, v in _fake_rows()[0].items() if k != "features"}])
+
+
+def test_cli_run() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs", "run", "tversky.xor_grid", "--set", "features=[2]", "--set", "seeds=1"]
+        + ["--set", "steps=20", "--set", "report_every=10"],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},  # see tests/jobs/conftest.py
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "step=20" in done.stdout and "table" not in done.stdout, done.stdout  # 18 rows: not printed
