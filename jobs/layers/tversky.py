@@ -1,18 +1,25 @@
 """Tversky similarity layers (Doumbouya, Jurafsky & Manning, "Tversky Neural Networks", ICLR 2026).
 
-The math is the official library's (`tversky==0.2.1`, `tversky.nn` + `differentiable_tversky_v2`), not the
-paper's per-feature equations: for min/max/gmean/softmin the reduction is applied to the two aggregated sums
-IA, IB, and substractmatch is ignorematch + relu(IA - IB) (see /work/shared/reference/tversky.md §1.3-1.4).
-The per-feature variants are different models and are not implemented here.
+Two semantics (`semantics=`), which are different models for min, max, gmean, softmin and substractmatch:
+- "reference" (default): the official library's math (`tversky==0.2.1`, `tversky.nn` + `differentiable_tversky_v2`),
+  not the paper's per-feature equations: for min/max/gmean/softmin the reduction is applied to the two aggregated
+  sums IA, IB, and substractmatch is ignorematch + relu(IA - IB) (/work/shared/reference/tversky.md §1.3-1.4).
+- "per_feature": the paper's equations, f(A∩B) = Σ_k Ψ(a·f_k, b·f_k)·1[a·f_k > 0 ∧ b·f_k > 0] and
+  substractmatch = Σ_k relu(a_k - b_k) (the ignorematch term included, as the reference includes it). GEMMs where
+  tversky.md §2.1 has an identity, chunked O(NPF) kernels otherwise (`tversky_kernels.py`, `chunk_size`).
+product, mean and ignorematch are the same in both.
 
 How this differs from the library (the outputs and gradients are otherwise the same; tests/jobs/layers):
 - Computed with GEMMs on [N, F] / [P, F] factors (tversky.md §2.1): 2 GEMM units for every Ψ but product, 3 for
-  product; product + ignorematch + contrast is ONE GEMM of width 2F (2 units). Never [N, P, F].
+  product; product + ignorematch + contrast is ONE GEMM of width 2F with a hand-written backward. Never [N, P, F].
+- A prototype count P > 64 is padded to a multiple of 64 inside (zero prototypes, sliced off): an odd P put cuBLAS
+  on kernels 4.7x slower on the H200 (gpu_anchor.md). Output shape and values are unchanged.
 - Indicators are cast to the input dtype, so a bf16 module works (the library casts to float32 and fails).
 - gmean has a zero (not NaN) gradient where a feature set is empty; the forward is identical.
 - Parameters are plain `nn.Parameter`s named `feature_bank` [F, d] and `prototypes` [P, d] (the library
   wraps them in `nn.Embedding`, so its keys end in `.weight`).
 - Initialisation has a family (uniform / normal / orthogonal) and a width-aware default scale.
+- The fused product path and the per-feature kernels are `autograd.Function`s: no double backward.
 """
 
 from __future__ import annotations
@@ -24,15 +31,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from jobs.layers.tversky_kernels import default_chunk_size, fused_product_ignorematch, per_feature_terms
+
 Intersection = Literal["product", "min", "max", "mean", "gmean", "softmin"]
 Difference = Literal["ignorematch", "substractmatch"]  # the library's spelling
 SimilarityModel = Literal["contrast", "ratio"]
 Init = Literal["uniform", "normal", "orthogonal"]
+Semantics = Literal["reference", "per_feature"]
 
 INTERSECTIONS: tuple[str, ...] = get_args(Intersection)
 DIFFERENCES: tuple[str, ...] = get_args(Difference)
 SIMILARITIES: tuple[str, ...] = get_args(SimilarityModel)
 INITS: tuple[str, ...] = get_args(Init)
+SEMANTICS: tuple[str, ...] = get_args(Semantics)
+PROTOTYPE_MULTIPLE = 64  # pad P > 64 up to a multiple of this (gpu_anchor.md: 4.7x on the H200); 1: no padding
 
 
 def _check(kind: str, value: str, allowed: tuple[str, ...]) -> str:
@@ -103,45 +115,73 @@ def tversky_similarity(
     difference: str = "ignorematch",
     similarity: str = "contrast",
     normalize: bool = False,
+    semantics: str = "reference",
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
-    """All-pairs Tversky similarity S(x_i, y_j): x [N, d], y [P, d], feature_bank [F, d] -> [N, P]."""
+    """All-pairs Tversky similarity S(x_i, y_j): x [N, d], y [P, d], feature_bank [F, d] -> [N, P].
+
+    `chunk_size`: the most elements of the [N, P, F] tensor a per-feature kernel holds at once (None: 2^20 on
+    CPU, 2^26 elsewhere). Only per_feature min, max, softmin and substractmatch use it.
+    """
+    _check("semantics", semantics, SEMANTICS)
     if normalize:  # the library normalises both sides, never the feature bank (tversky.md §1.1)
         x = F.normalize(x, dim=-1)
         y = F.normalize(y, dim=-1)
-    # Feature measures (tversky.md §1.2): relu(x·f_k) equals the library's dot * (dot > 0) in value and
-    # gradient (both 0 at dot = 0). Indicators have no gradient (no straight-through), as in the library.
-    u = F.relu(x @ feature_bank.T)  # [N, F]
-    v = F.relu(y @ feature_bank.T)  # [P, F]
-    u_in = (u > 0).to(u.dtype)  # [N, F], in the compute dtype so bf16 and autocast both work
-    v_in = (v > 0).to(v.dtype)  # [P, F]
+    p = y.shape[0]
+    # Zero prototypes (empty feature sets, finite everywhere), sliced off at the end. Not for P <= 64: such a
+    # GEMM is too small for the kernel choice to matter, padding would multiply its work up to 64x, and tiny
+    # MKL GEMMs round differently with more columns (XOR's P = 2 would no longer match the library to 1e-6).
+    if pad := (-p % PROTOTYPE_MULTIPLE if p > PROTOTYPE_MULTIPLE else 0):
+        y = F.pad(y, (0, 0, 0, pad))  # [P, d] -> [P', d]
+    dot_x = x @ feature_bank.T  # [N, F]
+    dot_y = y @ feature_bank.T  # [P', F]
 
     if intersection == "product" and difference == "ignorematch" and similarity == "contrast":
-        # S = θ Σ u v - α Σ u (1 - v̄) - β Σ (1 - ū) v = [u | 1-ū] · [θv - α(1-v̄) | -βv]ᵀ  (tversky.md §2.1).
-        # Folding the complements into the factors, rather than subtracting salience s_A 1ᵀ afterwards,
-        # keeps one GEMM without the cancellation s_A - IA has in low precision.
-        left = torch.cat([u, 1 - u_in], dim=1)  # [N, 2F]
-        right = torch.cat([theta * v - alpha * (1 - v_in), -beta * v], dim=1)  # [P, 2F]
-        return left @ right.T  # [N, P]
+        # S = θ Σ u v - α Σ u (1 - v̄) - β Σ (1 - ū) v = [u | 1-ū] · [θv - α(1-v̄) | -βv]ᵀ  (tversky.md §2.1),
+        # the same model in both semantics. Folding the complements into the factors, rather than subtracting
+        # salience s_A 1ᵀ afterwards, keeps one GEMM without the cancellation s_A - IA has in low precision.
+        out = fused_product_ignorematch(dot_x, dot_y, theta, alpha, beta)  # [N, P']
+        return out[:, :p] if pad else out  # a view: a contiguous copy would add an [N, P] tensor (LM head: GiBs)
 
-    ia = u @ v_in.T  # [N, P]  Σ_k u_k 1[v_k > 0]
-    ib = u_in @ v.T  # [N, P]  Σ_k 1[u_k > 0] v_k
-    # ignorematch: Σ_k u_k 1[v_k <= 0] = s_A - IA, so no GEMM against the complement indicator.
-    diff_xy = u.sum(dim=1, keepdim=True) - ia  # [N, 1] - [N, P]
-    diff_yx = v.sum(dim=1)[None, :] - ib  # [1, P] - [N, P]; already the transpose of f(B - A)
-    if difference == "substractmatch":
-        # The library adds IA·1[IA>IB] - IB·1[IA>IB]: the same value and gradient as relu(IA - IB).
-        diff_xy = diff_xy + F.relu(ia - ib)
-        diff_yx = diff_yx + F.relu(ib - ia)
-    inter = u @ v.T if intersection == "product" else _REDUCE[intersection](ia, ib)  # [N, P]
+    # Feature measures (tversky.md §1.2): relu(x·f_k) equals the library's dot * (dot > 0) in value and
+    # gradient (both 0 at dot = 0). Indicators have no gradient (no straight-through), as in the library.
+    u = F.relu(dot_x)  # [N, F]
+    v = F.relu(dot_y)  # [P', F]
+    # Indicators 1[u > 0] = sign(u) as u >= 0: in the compute dtype (bf16 and autocast work), no autograd graph,
+    # and no bool tensor (a comparison into bool ran ~4x slower than sign on CPU).
+    u_in = u.detach().sign()  # [N, F]
+    v_in = v.detach().sign()  # [P', F]
+    if semantics == "per_feature":
+        chunk = default_chunk_size(u.device) if chunk_size is None else chunk_size
+        inter, diff_xy, diff_yx = per_feature_terms(u, v, u_in, v_in, intersection, difference, chunk, p)
+    else:
+        ia = u @ v_in.T  # [N, P']  Σ_k u_k 1[v_k > 0]
+        ib = u_in @ v.T  # [N, P']  Σ_k 1[u_k > 0] v_k
+        # ignorematch: Σ_k u_k 1[v_k <= 0] = s_A - IA, so no GEMM against the complement indicator.
+        diff_xy = u.sum(dim=1, keepdim=True) - ia  # [N, 1] - [N, P']
+        diff_yx = v.sum(dim=1)[None, :] - ib  # [1, P'] - [N, P']; already the transpose of f(B - A)
+        if difference == "substractmatch":
+            # The library adds IA·1[IA>IB] - IB·1[IA>IB]: the same value and gradient as relu(IA - IB).
+            diff_xy = diff_xy + F.relu(ia - ib)
+            diff_yx = diff_yx + F.relu(ib - ia)
+        inter = u @ v.T if intersection == "product" else _REDUCE[intersection](ia, ib)  # [N, P']
 
+    if pad:  # drop the padding before the elementwise part: no ratio of a padded column is ever formed
+        inter, diff_xy, diff_yx = inter[:, :p], diff_xy[:, :p], diff_yx[:, :p]  # [N, P'] -> [N, P]
     if similarity == "contrast":
-        return theta * inter - alpha * diff_xy - beta * diff_yx
-    # ratio: θ is unused (no gradient), as in the library; DDP then needs find_unused_parameters=True.
-    return inter / (inter + alpha * diff_xy + beta * diff_yx + 1)
+        out = theta * inter - alpha * diff_xy - beta * diff_yx
+    else:  # ratio: θ is unused (no gradient), as in the library; DDP then needs find_unused_parameters=True.
+        out = inter / (inter + alpha * diff_xy + beta * diff_yx + 1)
+    # per_feature sums in float32 at least (tversky_kernels._acc_dtype); return what the reference path would.
+    return out.to(torch.promote_types(u.dtype, theta.dtype))
 
 
 class _TverskyBase(nn.Module):
     """Options, the feature bank and θ, α, β, shared by both layers."""
+
+    # Class-level defaults: a layer pickled before these options existed (registered models) loads as before.
+    semantics: str = "reference"
+    chunk_size: int | None = None
 
     def __init__(
         self,
@@ -156,6 +196,8 @@ class _TverskyBase(nn.Module):
         feature_bank: nn.Parameter | None,
         device: torch.device | str | None,
         dtype: torch.dtype | None,
+        semantics: str,
+        chunk_size: int | None,
     ) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
@@ -169,6 +211,12 @@ class _TverskyBase(nn.Module):
         if init_scale is not None and not init_scale > 0:
             raise ValueError(f"init_scale: must be > 0 or None (width-aware default), got {init_scale!r}")
         self.init_scale = init_scale
+        self.semantics = _check("semantics", semantics, SEMANTICS)
+        if chunk_size is not None and not (isinstance(chunk_size, int) and chunk_size > 0):
+            raise ValueError(
+                f"chunk_size: must be a positive int (elements of [N, P, F] per tile) or None, got {chunk_size!r}"
+            )
+        self.chunk_size = chunk_size
         # A bank passed in is shared (tversky.md §3.3 "feature sharing"): it is registered here too, so a
         # parent module's .parameters() yields it once, but only its owner re-initialises it.
         self._owns_bank = feature_bank is None
@@ -202,14 +250,16 @@ class _TverskyBase(nn.Module):
         bank = self.feature_bank if feature_bank is None else feature_bank
         return tversky_similarity(
             x, y, bank, self.theta, self.alpha, self.beta, self.intersection, self.difference, self.similarity,
-            self.normalize,
+            self.normalize, self.semantics, self.chunk_size,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
         shared = "" if self._owns_bank else ", shared_bank=True"
+        chunk = "" if self.chunk_size is None else f", chunk_size={self.chunk_size}"
         return (
             f"in_features={self.in_features}, num_features={self.num_features}, intersection={self.intersection}, "
-            f"difference={self.difference}, similarity={self.similarity}, normalize={self.normalize}{shared}"
+            f"difference={self.difference}, similarity={self.similarity}, normalize={self.normalize}, "
+            f"semantics={self.semantics}{chunk}{shared}"
         )
 
 
@@ -235,10 +285,12 @@ class TverskyProjection(_TverskyBase):
         feature_bank: nn.Parameter | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        semantics: str = "reference",
+        chunk_size: int | None = None,
     ) -> None:
         super().__init__(
             in_features, num_features, intersection, difference, similarity, normalize, feature_init, init_scale,
-            feature_bank, device, dtype,
+            feature_bank, device, dtype, semantics, chunk_size,
         )  # fmt: skip
         self.out_features = out_features
         self.prototype_init = _check("prototype_init", prototype_init, INITS)
@@ -277,10 +329,12 @@ class TverskySimilarity(_TverskyBase):
         feature_bank: nn.Parameter | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        semantics: str = "reference",
+        chunk_size: int | None = None,
     ) -> None:
         super().__init__(
             in_features, num_features, intersection, difference, similarity, normalize, feature_init, init_scale,
-            feature_bank, device, dtype,
+            feature_bank, device, dtype, semantics, chunk_size,
         )  # fmt: skip
         self.reset_parameters()
 
