@@ -30,6 +30,7 @@ from torch import nn
 from jobs.layers.tversky import (
     Difference,
     Intersection,
+    Semantics,
     SimilarityModel,
     TverskyProjection,
     default_init_scale,
@@ -57,6 +58,7 @@ class GPTConfig:
     intersection: Intersection = "product"
     difference: Difference = "ignorematch"
     similarity: SimilarityModel = "contrast"
+    semantics: Semantics = "reference"  # reference (tversky 0.2.1) or per_feature (the paper's formula)
     normalize: bool = False
     init_scale: float | None = None  # None: the Tversky layer's width-aware default (jobs/layers/tversky.py)
 
@@ -86,6 +88,7 @@ def _tversky(config: GPTConfig, out_features: int, bank: nn.Parameter) -> Tversk
         normalize=config.normalize,
         init_scale=config.init_scale,
         feature_bank=bank,
+        semantics=config.semantics,
     )
     if config.similarity == "ratio":
         # The ratio form never reads θ (tversky.py): frozen, it is no "unused parameter" for DDP, whose

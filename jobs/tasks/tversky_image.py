@@ -34,7 +34,7 @@ from jobs.config import check_fields
 from jobs.data.images import NORMALIZATION, NUM_CLASSES, ImageDataset, ImageSplits, load_images, resize
 from jobs.data.sharding import shard_indices
 from jobs.layers.image_heads import Backbone, ImageClassifier, Stem, count_parameters, create_resnet
-from jobs.layers.tversky import Difference, Init, Intersection, SimilarityModel, TverskyProjection
+from jobs.layers.tversky import Difference, Init, Intersection, Semantics, SimilarityModel, TverskyProjection
 from jobs.registry import Task
 from jobs.runtime import Session
 
@@ -71,6 +71,8 @@ class ImageConfig:
     """Difference reduction of the Tversky head: ignorematch or substractmatch (tversky.md §1.4)."""
     similarity: SimilarityModel = "contrast"
     """Tversky similarity model: contrast (the reference MNIST test's) or ratio."""
+    semantics: Semantics = "reference"
+    """reference: the official tversky 0.2.1 math (Ψ on aggregated sums); per_feature: the paper's Σ_k Ψ(a_k, b_k)."""
     normalize: bool = False
     """L2-normalise features and prototypes before measuring them (the reference MNIST test does not)."""
     # Both inits default to normal, not the library's uniform: ResNet features are >= 0 (post-ReLU), so with
@@ -122,6 +124,7 @@ def build_model(cfg: ImageConfig) -> ImageClassifier:
             prototype_init=cfg.prototype_init,
             feature_init=cfg.feature_init,
             init_scale=cfg.init_scale,
+            semantics=cfg.semantics,
         )
     mean, std = NORMALIZATION[cfg.dataset]
     return ImageClassifier(backbone, head, mean=mean, std=std, freeze_backbone=cfg.freeze_backbone)

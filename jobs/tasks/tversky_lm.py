@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from jobs.config import check_fields
 from jobs.data.text import Corpus, eval_windows, get_batch, load_text
 from jobs.layers.gpt import GPT, GPTConfig, Projection
-from jobs.layers.tversky import Difference, Intersection, SimilarityModel
+from jobs.layers.tversky import Difference, Intersection, Semantics, SimilarityModel
 from jobs.registry import Task
 from jobs.runtime import Session
 
@@ -62,6 +62,8 @@ class LmConfig:
     """Difference reduction: ignorematch (features in A not in B) or substractmatch (+ relu(IA - IB))."""
     similarity: SimilarityModel = "contrast"
     """contrast: θ·f(A∩B) - α·f(A-B) - β·f(B-A); ratio: f(A∩B) / (f(A∩B) + α·f(A-B) + β·f(B-A) + 1)."""
+    semantics: Semantics = "reference"
+    """reference: the official tversky 0.2.1 math (Ψ on aggregated sums); per_feature: the paper's Σ_k Ψ(a_k, b_k)."""
     normalize: bool = True
     """L2-normalise inputs and prototypes before measuring features. On here: with tied N(0, 0.02) embeddings
     as prototypes, 150 default steps on pydoc reach val perplexity 361 with it and 681 without."""

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from jobs.config import check_fields
-from jobs.layers.tversky import Difference, Init, Intersection, SimilarityModel, TverskyProjection
+from jobs.layers.tversky import Difference, Init, Intersection, Semantics, SimilarityModel, TverskyProjection
 from jobs.registry import Task
 from jobs.runtime import Session
 
@@ -35,6 +35,8 @@ class XorConfig:
     """Difference reduction: ignorematch (features in A not in B) or substractmatch (+ relu(IA - IB))."""
     similarity: SimilarityModel = "contrast"
     """contrast: θ·f(A∩B) - α·f(A-B) - β·f(B-A); ratio: f(A∩B) / (f(A∩B) + α·f(A-B) + β·f(B-A) + 1)."""
+    semantics: Semantics = "reference"
+    """reference: the official tversky 0.2.1 math (Ψ on aggregated sums); per_feature: the paper's Σ_k Ψ(a_k, b_k)."""
     normalize: bool = False
     """L2-normalise inputs and prototypes before measuring features (the paper reports it hurts on XOR)."""
     features: Annotated[int, at.Gt(0)] = 16
@@ -77,6 +79,7 @@ def build_model(cfg: XorConfig) -> TverskyProjection:
         prototype_init=cfg.prototype_init,
         feature_init=cfg.feature_init,
         init_scale=cfg.init_scale,
+        semantics=cfg.semantics,
     )
 
 

@@ -133,8 +133,9 @@ def test_each_model_starts_as_the_single_xor_task() -> None:
     per_model_loss(grid(x), y).sum().backward()
     for m, p in enumerate(grid_points(cfg)):
         single_cfg = tversky_xor.XorConfig(
-            cfg.intersection, cfg.difference, cfg.similarity, p["normalize"], p["features"], p["prototype_init"],
-            p["feature_init"], seed=p["seed"],
+            intersection=cfg.intersection, difference=cfg.difference, similarity=cfg.similarity,
+            normalize=p["normalize"], features=p["features"], prototype_init=p["prototype_init"],
+            feature_init=p["feature_init"], seed=p["seed"],
         )  # fmt: skip
         torch.manual_seed(p["seed"])
         single = tversky_xor.build_model(single_cfg)
