@@ -18,6 +18,9 @@ _TASK_MODULES: dict[str, str] = {
     "tversky.xor_grid": "jobs.tasks.tversky_xor_grid:TASK",
     "tversky.lm": "jobs.tasks.tversky_lm:TASK",
     "tversky.image": "jobs.tasks.tversky_image:TASK",
+    "memory.capacity": "jobs.tasks.memory_capacity:TASK",
+    "memory.hopfield": "jobs.tasks.memory_hopfield:TASK",
+    "memory.neurons": "jobs.tasks.memory_neurons:TASK",
 }
 
 

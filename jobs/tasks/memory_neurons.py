@@ -1,0 +1,402 @@
+"""Knowledge neurons in a small GPT trained here: which FFN memories hold a fact, and what happens when they are
+suppressed, amplified or edited (Dai et al., "Knowledge Neurons in Pretrained Transformers", ACL 2022; the FFN as
+key-value memory of Geva et al., EMNLP 2021; reference/models.md part C.1, C.2, C.6.4).
+
+Protocol:
+1. Train the `tversky.lm` GPT (linear head by default) on the pydoc corpus for `lm_steps`, through
+   `jobs.tasks.tversky_lm.train` itself: same model, data, optimiser and schedule.
+2. Facts. Every `prompt_len`-token window of the valid split is a prompt and the word after it its target. A
+   prompt is known when the target is the model's top-1 next word (<unk> and <eos> are no words). A fact is a key (the
+   prompt's last `fact_context` words) -> target, e.g. "passed -> to". Its prompts are its `prompts_per_fact` most
+   confident occurrences: different contexts of one fact, the role PARAREL's paraphrases play for Dai et al. The
+   `num_facts` facts with the most prompts, then the highest mean confidence, are kept, one per target word.
+3. Knowledge neurons: integrated gradients of P(target) over each layer's FFN activations at the last position
+   (`ig_steps` points), neurons >= `threshold` x the prompt's max, then those shared by a fraction `share` of the
+   fact's prompts, moved by 0.05 until there are 1..`max_neurons` (jobs/layers/knowledge_neurons.py).
+4. Per neuron: its key's top-activating contexts over `context_windows` train windows, its value's top tokens.
+5. Suppress (x0) and amplify (x2) the fact's neurons at the last position: relative change of P(target) on its
+   own prompts, |relative change| on every other fact's prompts (control), and the drop from as many random
+   neurons of the same layers (baseline).
+6. Edit: v_i <- v_i - λ·E[target] + λ·E[new] on the fact's neurons, with new = the next fact's target; success
+   = new is top-1; control = |relative change| of P(target) on the prompts of the other facts (not the new one's).
+
+Paper figures (BERT-base, PARAREL): suppressing lowers the correct answer's probability by ~29% on average,
+amplifying raises it by ~31%, unrelated facts move little (models.md C.2: figures from memory, to verify).
+
+Run alone: `python -m jobs run memory.neurons --set lm_steps=300 --set num_facts=4`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import annotated_types as at
+import torch
+
+from jobs.config import check_fields
+from jobs.data.text import EOS, UNK, Corpus, decode, eval_windows, load_text
+from jobs.layers import knowledge_neurons as kn
+from jobs.layers.gpt import GPT, Projection
+from jobs.registry import Task
+from jobs.runtime import Session
+from jobs.tasks import tversky_lm
+
+
+@dataclass(frozen=True)
+class NeuronsConfig:
+    corpus: Corpus = "pydoc"
+    """pydoc: the Python docs' English text (offline); ptb: Penn Treebank from the Hub or data_files."""
+    data_files: str | None = None
+    """ptb only: a folder holding ptb.train.txt, ptb.valid.txt, ptb.test.txt (no network needed)."""
+    vocab_size: Annotated[int, at.Ge(3)] = 2000
+    """Model vocabulary: <unk>, <eos> and the vocab_size - 2 most frequent train words."""
+    lm_head: Projection = "linear"
+    """linear (tied to wte, GPT-2) or tversky (tied prototypes); a Tversky head reads values non-linearly."""
+    n_layer: Annotated[int, at.Gt(0)] = 2
+    """Transformer blocks, each with 4 * n_embd FFN neurons."""
+    n_head: Annotated[int, at.Gt(0)] = 2
+    """Attention heads per block; must divide n_embd."""
+    n_embd: Annotated[int, at.Gt(0)] = 64
+    """Width d of the residual stream."""
+    block_size: Annotated[int, at.Gt(0)] = 64
+    """Context length of training windows and of the context search."""
+    batch_size: Annotated[int, at.Gt(0)] = 16
+    """LM training windows per step."""
+    lm_steps: Annotated[int, at.Gt(0)] = 800
+    """LM optimizer steps (~30 s on one core). Facts need a model that knows some: at 300 steps the confident
+    facts are mostly "in -> the"; at 800 "built -> in", "pep -> N", "passed -> to", "such -> as" appear."""
+    lr: Annotated[float, at.Gt(0)] = 3e-3
+    """Peak AdamW learning rate (tversky.lm's schedule: warmup, cosine to 0.1 lr)."""
+    warmup_steps: Annotated[int, at.Ge(0)] = 30
+    """Linear LM warmup steps; must be < lm_steps."""
+    num_facts: Annotated[int, at.Ge(3)] = 8
+    """Facts analysed; at least 3: an edit's new target is the next fact's, and a third fact is its control."""
+    prompts_per_fact: Annotated[int, at.Gt(0)] = 3
+    """Prompts per fact (its most confident occurrences); Dai et al. require at least 3 paraphrases."""
+    prompt_len: Annotated[int, at.Gt(0)] = 16
+    """Tokens per prompt; must be <= block_size."""
+    fact_context: Annotated[int, at.Ge(0)] = 1
+    """Last prompt words that, with the target, name a fact (0: the target alone); must be <= prompt_len."""
+    ig_steps: Annotated[int, at.Gt(0)] = 20
+    """Riemann points of the integrated-gradients path (Dai et al.: 20)."""
+    threshold: Annotated[float, at.Gt(0), at.Le(1)] = 0.2
+    """Coarse neurons: attribution >= threshold x the prompt's largest (Dai et al.: 0.2)."""
+    share: Annotated[float, at.Gt(0), at.Le(1)] = 0.7
+    """Refined neurons: in the coarse sets of at least this fraction of the prompts, then moved by 0.05 (Dai: 0.7)."""
+    max_neurons: Annotated[int, at.Gt(0)] = 5
+    """The refinement raises `share` while a fact has more neurons than this (Dai et al.: 2-5); if p = 1 still
+    keeps more, the max_neurons with the largest mean attribution stay (here often: 10-20 survive p = 1)."""
+    context_windows: Annotated[int, at.Gt(0)] = 256
+    """Train windows of block_size tokens, evenly spread, searched for each key's top-activating contexts."""
+    top_k: Annotated[int, at.Gt(0)] = 5
+    """Contexts per key and tokens per value listed in the report; kn/value_hit looks in the value's top_k."""
+    edit_lambda: Annotated[float, at.Gt(0)] = 1.0
+    """λ of the value edit v <- v - λ·E[target] + λ·E[new] (E: the head's output embeddings)."""
+    seed: Annotated[int, at.Ge(0)] = 0
+    """Seed of the LM's initialisation and windows, and of the random-neuron baseline."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"n_embd: must be divisible by n_head ({self.n_head}), got {self.n_embd}; change n_embd or n_head"
+            )
+        if self.warmup_steps >= self.lm_steps:
+            raise ValueError(f"warmup_steps: must be < lm_steps ({self.lm_steps}), got {self.warmup_steps}")
+        if self.prompt_len > self.block_size:
+            raise ValueError(f"prompt_len: must be <= block_size ({self.block_size}), got {self.prompt_len}")
+        if self.fact_context > self.prompt_len:
+            raise ValueError(f"fact_context: must be <= prompt_len ({self.prompt_len}), got {self.fact_context}")
+        if self.data_files is not None and self.corpus != "ptb":
+            raise ValueError(f"data_files: only the ptb corpus reads files, got corpus={self.corpus!r}")
+
+
+METRICS = {
+    "kn/suppress_drop": "max",
+    "kn/amplify_gain": "max",
+    "kn/control_change": "min",
+    "kn/random_suppress_drop": "min",
+    "kn/count": "min",
+    "kn/value_hit": "max",
+    "edit/success": "max",
+    "edit/control_change": "min",
+    "lm/val_loss": "min",
+}
+
+
+def lm_config(cfg: NeuronsConfig) -> tversky_lm.LmConfig:
+    return tversky_lm.LmConfig(
+        corpus=cfg.corpus,
+        data_files=cfg.data_files,
+        vocab_size=cfg.vocab_size,
+        lm_head=cfg.lm_head,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_embd=cfg.n_embd,
+        block_size=cfg.block_size,
+        batch_size=cfg.batch_size,
+        max_steps=cfg.lm_steps,
+        eval_every=cfg.lm_steps,  # one report, at the end: only the final weights are analysed
+        lr=cfg.lr,
+        warmup_steps=cfg.warmup_steps,
+        seed=cfg.seed,
+    )
+
+
+def build_model(cfg: NeuronsConfig) -> GPT:
+    return tversky_lm.build_model(lm_config(cfg))
+
+
+def example_input(cfg: NeuronsConfig) -> torch.Tensor:
+    return torch.arange(8, dtype=torch.long).remainder(cfg.vocab_size)[None, :]  # [1, 8] token ids
+
+
+class _LmSession:
+    """The session tversky_lm.train sees: the trial's device and ranks; its report is kept, not forwarded. Every
+    Tune report must carry the sweep's metric (kn/...), which exists only once the analysis has run."""
+
+    def __init__(self, outer: Session) -> None:
+        self.outer = outer
+        self.checkpoint: dict[str, Any] | None = None
+        self.device, self.world_rank, self.world_size = outer.device, outer.world_rank, outer.world_size
+        self.metrics: dict[str, float] = {}
+        self.state: dict[str, Any] | None = None
+
+    def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
+        self.metrics, self.state = metrics, checkpoint
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return self.outer.prepare_model(model)
+
+    def log_artifact(self, name: str, data: bytes) -> None:
+        self.outer.log_artifact(name, data)
+
+
+@dataclass
+class Fact:
+    key: list[int]
+    target: int
+    prompts: torch.Tensor  # (P, T)
+    probs: list[float]  # P(target) per prompt
+
+
+@torch.no_grad()
+def find_facts(model: GPT, split: torch.Tensor, cfg: NeuronsConfig, skip: set[int]) -> list[Fact]:
+    """The facts the model knows best on `split` (module docstring, step 2)."""
+    windows = split.unfold(0, cfg.prompt_len + 1, 1)  # (N, T + 1): every prompt and its next word
+    probs = torch.cat([model(w[:, :-1])[:, -1].float().softmax(-1) for w in windows.split(256)])  # (N, V)
+    probs[:, sorted(skip)] = 0  # the top-1 *word*: a small vocabulary's <unk> outranks everything at first
+    confidence, top1 = probs.max(-1)  # (N,)
+    known = top1 == windows[:, -1]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in known.nonzero()[:, 0].tolist():
+        row = windows[i].tolist()
+        groups.setdefault((*row[cfg.prompt_len - cfg.fact_context : -1], row[-1]), []).append(i)
+    ranked = []
+    for key, rows in groups.items():
+        rows = sorted(rows, key=lambda i: -confidence[i].item())[: cfg.prompts_per_fact]
+        ranked.append((len(rows), sum(confidence[i].item() for i in rows) / len(rows), key, rows))
+    ranked.sort(key=lambda r: (-r[0], -r[1], r[2]))
+    facts: list[Fact] = []
+    for _, _, key, rows in ranked:
+        if key[-1] not in {f.target for f in facts}:  # one fact per target: each edit has a distinct new target
+            facts.append(Fact(list(key[:-1]), key[-1], windows[rows, :-1], [confidence[i].item() for i in rows]))
+        if len(facts) == cfg.num_facts:
+            break
+    return facts
+
+
+def _relative(after: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    return (after - before) / before
+
+
+def train(cfg: NeuronsConfig, session: Session) -> None:
+    # --- setup
+    torch.manual_seed(cfg.seed)
+    device = session.device
+
+    # --- language model: trained once; a resumed trial reuses the checkpointed weights
+    if session.checkpoint is None:
+        lm = _LmSession(session)
+        tversky_lm.train(lm_config(cfg), lm)
+        assert lm.state is not None, "tversky.lm reports at its last step"
+        weights, vocab, lm_metrics = lm.state["model"], lm.state["vocab"], lm.metrics
+    else:
+        weights, vocab, lm_metrics = (session.checkpoint[k] for k in ("model", "vocab", "lm_metrics"))
+    data = load_text(cfg.corpus, cfg.vocab_size, cfg.data_files, vocab=vocab)
+    model = build_model(cfg).to(device)
+    model.load_state_dict(weights)
+    model.eval().requires_grad_(False)  # integrated gradients needs gradients of activations only
+
+    # --- facts
+    facts = find_facts(model, data.valid.to(device), cfg, skip={vocab.index(UNK), vocab.index(EOS)})
+    if len(facts) < 3:
+        raise ValueError(
+            f"the model knows {len(facts)} fact(s) on the valid split, at least 3 are needed; raise lm_steps "
+            f"(got {cfg.lm_steps}) or lower prompt_len / fact_context"
+        )
+    prompts = torch.cat([f.prompts for f in facts])  # (F*P, T)
+    owner = torch.cat([torch.full((len(f.prompts),), j) for j, f in enumerate(facts)])  # (F*P,) fact of each row
+    owner = owner.to(device)
+    targets = torch.tensor([f.target for f in facts])[owner].to(device)  # (F*P,)
+    base = kn.target_probs(model, prompts, targets)
+
+    # --- attribution and refinement
+    neurons: list[list[kn.Neuron]] = []
+    weight: list[dict[kn.Neuron, float]] = []  # mean attribution / the prompt's max, over the fact's prompts
+    for f in facts:
+        attrs = [kn.integrated_gradients(model, p, f.target, cfg.ig_steps) for p in f.prompts]
+        found, _ = kn.refine([kn.coarse_neurons(a, cfg.threshold) for a in attrs], cfg.share, 1, cfg.max_neurons)
+        strength = torch.stack([a / a.max() for a in attrs]).mean(0)  # (L, 4d)
+        weight.append({n: strength[n.layer, n.index].item() for n in found})
+        # a small model spreads attribution: when even p = 1 keeps more than max_neurons, keep the strongest
+        neurons.append(sorted(found, key=lambda n: -weight[-1][n])[: cfg.max_neurons])
+
+    # --- keys and values
+    windows = eval_windows(data.train, cfg.block_size)  # (W, T + 1): inputs and each position's next word
+    windows = windows[torch.linspace(0, len(windows) - 1, min(cfg.context_windows, len(windows))).long()]
+    acts = kn.neuron_activations(model, windows[:, :-1].to(device))  # (L, W, T, 4d)
+
+    # --- interventions and edits
+    gen = torch.Generator().manual_seed(cfg.seed)
+    n_ffn = model.transformer.h[0].mlp.c_fc.out_features
+    rows: list[dict[str, Any]] = []
+    for j, (f, found) in enumerate(zip(facts, neurons, strict=True)):
+        own, others = owner == j, owner != j
+        with kn.scale_neurons(model, found, 0.0):
+            suppressed = kn.target_probs(model, prompts, targets)
+        with kn.scale_neurons(model, found, 2.0):
+            amplified = kn.target_probs(model, prompts, targets)
+        rand: list[kn.Neuron] = []
+        for n in found:  # as many random neurons in the same layers, none of them a knowledge neuron
+            while (r := kn.Neuron(n.layer, int(torch.randint(n_ffn, (1,), generator=gen)))) in found + rand:
+                pass
+            rand.append(r)
+        with kn.scale_neurons(model, rand, 0.0):
+            random_suppressed = kn.target_probs(model, prompts, targets)
+        new = facts[(j + 1) % len(facts)].target
+        controls = others & (owner != (j + 1) % len(facts))  # the new target's fact is expected to move
+        new_targets = torch.full_like(targets, new)
+        with kn.edited_values(model, found, f.target, new, cfg.edit_lambda):
+            edited = kn.target_probs(model, prompts, targets)
+            edited_new = kn.target_probs(model, prompts, new_targets)
+            edited_top1 = model(prompts[own])[:, -1].argmax(-1)
+            values_after = [kn.value_logits(model, n).topk(cfg.top_k).indices.tolist() for n in found]
+        values = [kn.value_logits(model, n).topk(cfg.top_k).indices.tolist() for n in found]
+        rows.append(
+            {
+                "fact": f,
+                "neurons": found,
+                "weight": weight[j],
+                "values": values,
+                "values_after": values_after,
+                "contexts": [kn.top_contexts(acts[n.layer, :, :, n.index], windows, cfg.top_k) for n in found],
+                "new": new,
+                "suppress_drop": -_relative(suppressed, base)[own].mean().item(),
+                "amplify_gain": _relative(amplified, base)[own].mean().item(),
+                "control_change": _relative(suppressed, base)[others].abs().mean().item(),
+                "random_suppress_drop": -_relative(random_suppressed, base)[own].mean().item(),
+                "value_hit": float(any(f.target in v for v in values)),
+                "p_before": base[own].tolist(),
+                "p_after": edited[own].tolist(),
+                "p_new_before": kn.target_probs(model, prompts[own], new_targets[own]).tolist(),
+                "p_new_after": edited_new[own].tolist(),
+                "edit_success": (edited_top1 == new).float().mean().item(),
+                "edit_control_change": _relative(edited, base)[controls].abs().mean().item(),
+            }
+        )
+
+    # --- log
+    def average(name: str) -> float:
+        return float(sum(r[name] for r in rows) / len(rows))
+
+    all_neurons = [n for r in rows for n in r["neurons"]]
+    metrics = {
+        "kn/suppress_drop": average("suppress_drop"),
+        "kn/amplify_gain": average("amplify_gain"),
+        "kn/control_change": average("control_change"),
+        "kn/random_suppress_drop": average("random_suppress_drop"),
+        "kn/count": len(all_neurons) / len(rows),
+        "kn/last_layer_share": sum(n.layer == cfg.n_layer - 1 for n in all_neurons) / max(1, len(all_neurons)),
+        "kn/value_hit": average("value_hit"),
+        "kn/facts": len(facts),
+        "edit/success": average("edit_success"),
+        "edit/control_change": average("edit_control_change"),
+        "lm/val_loss": float(lm_metrics["val/loss"]),
+        "lm/perplexity": math.exp(min(float(lm_metrics["val/loss"]), 700.0)),
+        "lm/steps": cfg.lm_steps,
+    }
+    session.log_artifact("knowledge_neurons.md", report_markdown(cfg, metrics, rows, vocab).encode())
+    state = {
+        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "config": dataclasses.asdict(cfg),
+        "vocab": list(vocab),
+        "lm_metrics": dict(lm_metrics),
+    }
+    session.report(metrics, checkpoint=state)
+
+
+def report_markdown(cfg: NeuronsConfig, metrics: dict[str, float], rows: list[dict[str, Any]], vocab: list[str]) -> str:
+    """Per fact: prompts, knowledge neurons with their keys' top contexts and values' top tokens, interventions."""
+
+    def words(ids: list[int]) -> str:
+        return decode(ids, vocab)
+
+    def probs(ps: list[float]) -> str:
+        return ", ".join(f"{p:.3f}" for p in ps)
+
+    out = [
+        "# Knowledge neurons (memory.neurons)",
+        "",
+        f"LM: {cfg.n_layer} layers x {4 * cfg.n_embd} FFN neurons, {cfg.lm_steps} steps on {cfg.corpus}, "
+        f"val perplexity {metrics['lm/perplexity']:.1f}. Threshold t={cfg.threshold}, share p={cfg.share}, "
+        f"{cfg.ig_steps} IG steps, edit λ={cfg.edit_lambda}.",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        *(f"| {k} | {v:.4g} |" for k, v in metrics.items()),
+    ]
+    for i, r in enumerate(rows, 1):
+        f: Fact = r["fact"]
+        out += [
+            "",
+            f"## Fact {i}: {words(f.key)} -> **{vocab[f.target]}**",
+            "",
+            *(
+                f"- `... {words(p[-10:].tolist())}` -> {vocab[f.target]} (p={q:.3f})"
+                for p, q in zip(f.prompts, f.probs, strict=True)
+            ),
+            "",
+            f"Suppress x0: relative drop {r['suppress_drop']:+.3f} (random neurons {r['random_suppress_drop']:+.3f});"
+            f" amplify x2: gain {r['amplify_gain']:+.3f}; other facts' |change| {r['control_change']:.3f}.",
+            "",
+            "| neuron | attribution | value top tokens | key top contexts (activation) |",
+            "|---|---|---|---|",
+        ]
+        for n, values, contexts in zip(r["neurons"], r["values"], r["contexts"], strict=True):
+            shown = "<br>".join(
+                f"{words(c.tokens[:-1])} **{vocab[c.tokens[-1]]}** ({c.activation:.2f})" for c in contexts
+            )
+            out.append(f"| L{n.layer}.{n.index} | {r['weight'][n]:.2f} | {words(values)} | {shown} |")
+        out += [
+            "",
+            f"Edit {vocab[f.target]} -> {vocab[r['new']]}: P({vocab[f.target]}) {probs(r['p_before'])} -> "
+            f"{probs(r['p_after'])}; P({vocab[r['new']]}) {probs(r['p_new_before'])} -> {probs(r['p_new_after'])}; "
+            f"new top-1 on {r['edit_success']:.0%} of prompts; other facts' |change| {r['edit_control_change']:.3f}. "
+            f"Value top tokens after: {' / '.join(words(v) for v in r['values_after'])}.",
+        ]
+    return "\n".join(out) + "\n"
+
+
+TASK = Task(
+    name="memory.neurons",
+    config=NeuronsConfig,
+    train=train,
+    build_model=build_model,
+    example_input=example_input,
+    metrics=METRICS,
+    description="Knowledge neurons (Dai et al. 2022) of a small GPT: attribution, suppress/amplify, value edits.",
+)
