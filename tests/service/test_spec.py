@@ -59,7 +59,7 @@ BAD_SPECS: list[tuple[str, str | bytes | dict[str, Any], str]] = [
     ("unknown-nested-key", {"resources.memory": "4G"}, "resources.memory: unknown key; allowed keys: cpus, gpus"),
     ("missing-name", {"name": DROP}, "name: is required"),
     ("missing-metric", {"metric": DROP}, "metric: is required"),
-    ("unknown-task", {"task": "nope"}, "task: unknown task 'nope'; known tasks: tversky.xor"),
+    ("unknown-task", {"task": "nope"}, "task: unknown task 'nope'; known tasks: "),
     ("unknown-param", {"params.depth": 3}, "params.depth: unknown parameter for task tversky.xor; known:"),
     ("unknown-searched-param", {"space.depth": {"grid": [1]}}, "space.depth: unknown parameter for task"),
     ("wrong-type-param", {"params.features": "many"}, "params.features: must be a valid integer"),
@@ -353,3 +353,11 @@ def test_random_mutations_parse_or_name_the_field(mutations: list[tuple[tuple[An
         assert not bad, bad
     else:
         assert isinstance(spec, SweepSpec) and spec.metric.mode in ("min", "max")
+
+
+def test_unknown_task_lists_every_registered_task() -> None:
+    from jobs.registry import task_names
+
+    (error,) = errors_of("name: x\ntask: nope\nmetric: {name: loss}\n")
+    assert error == f"task: unknown task 'nope'; known tasks: {', '.join(task_names())}"
+    assert "tversky.xor" in task_names() and "memory.neurons" in task_names()
