@@ -1,4 +1,4 @@
-"""FFN key-value memory: a feed-forward layer read as an associative memory (/work/shared/reference/models.md C.1).
+"""FFN key-value memory: a feed-forward layer read as an associative memory (shared/reference/models.md C.1).
 
     FFN(x) = Σ_i φ(x·k_i + b_i) v_i = φ(x Kᵀ + b) V
 

@@ -3,7 +3,7 @@
 Two semantics (`semantics=`), which are different models for min, max, gmean, softmin and substractmatch:
 - "reference" (default): the official library's math (`tversky==0.2.1`, `tversky.nn` + `differentiable_tversky_v2`),
   not the paper's per-feature equations: for min/max/gmean/softmin the reduction is applied to the two aggregated
-  sums IA, IB, and substractmatch is ignorematch + relu(IA - IB) (/work/shared/reference/tversky.md §1.3-1.4).
+  sums IA, IB, and substractmatch is ignorematch + relu(IA - IB) (shared/reference/tversky.md §1.3-1.4).
 - "per_feature": the paper's equations, f(A∩B) = Σ_k Ψ(a·f_k, b·f_k)·1[a·f_k > 0 ∧ b·f_k > 0] and
   substractmatch = Σ_k relu(a_k - b_k) (the ignorematch term included, as the reference includes it). GEMMs where
   tversky.md §2.1 has an identity, chunked O(NPF) kernels otherwise (`tversky_kernels.py`, `chunk_size`).
