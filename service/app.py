@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import OperationalError
 
+from service import metrics
+from service.api.deps import get_principal
 from service.api.routes import sweeps
 from service.errors import InvalidTransition, SweepNotFound
 from service.queue import QueueStore
 from service.settings import Settings, get_settings
+from service.tokens import TokenStore
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +29,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.store = QueueStore(settings.queue_url)
+    app.state.tokens = TokenStore(app.state.store)
     app.include_router(sweeps.router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
+        """The one endpoint without a token: for load balancers and container healthchecks."""
         app.state.store.ping()
         return {"status": "ok"}
+
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        dependencies=[Depends(get_principal)],
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+    )
+    def prometheus_metrics() -> Response:
+        """Prometheus text format: queue depth by state, claims, sweep durations, trials by state."""
+        return Response(metrics.render(app.state.store), media_type=CONTENT_TYPE_LATEST)
 
     # Domain errors map to HTTP codes here, in one place.
     @app.exception_handler(SweepNotFound)

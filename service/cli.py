@@ -23,6 +23,21 @@ from service.errors import SpecError
 from service.settings import Settings, get_settings
 
 app = typer.Typer(help="layerlab: sweeps of new neural-network primitives on Ray Tune, tracked in MLflow.")
+token_app = typer.Typer(help="API tokens (operators; talks to the queue database directly).")
+app.add_typer(token_app, name="token")
+
+# Environment variables the commands read beyond Settings' LAYERLAB_* fields (checked by tests/infra).
+ENV_VARS = (
+    "RAY_ADDRESS",
+    "LAYERLAB_TUNE_STORAGE",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_S3_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_DEFAULT_REGION",
+)
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -38,7 +53,11 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 
 
 def _api(method: str, path: str, **kwargs: Any) -> Any:
-    url = get_settings().api_url.rstrip("/") + path
+    settings = get_settings()
+    url = settings.api_url.rstrip("/") + path
+    token = settings.resolved_api_token()
+    if token:
+        kwargs["headers"] = {**kwargs.get("headers", {}), "Authorization": f"Bearer {token}"}
     try:
         resp = httpx.request(method, url, timeout=30, **kwargs)
     except httpx.HTTPError as exc:
@@ -50,6 +69,11 @@ def _api(method: str, path: str, **kwargs: Any) -> Any:
         for e in resp.json()["detail"].get("errors", []):
             err.print(f"  {e}", highlight=False, markup=False)
         raise _fail("the sweep spec is invalid; fix the fields above", 2)
+    if resp.status_code == 401 and not token:
+        raise _fail(
+            f"the API at {url} needs a token: set LAYERLAB_API_TOKEN (an operator creates one with "
+            "`layerlab token create --user NAME`)"
+        )
     if resp.status_code >= 400:
         detail = resp.json().get("detail") if "json" in resp.headers.get("content-type", "") else resp.text
         raise _fail(f"{method} {path} -> {resp.status_code}: {detail}")
@@ -222,6 +246,95 @@ def worker(
     w.run(once=once, exit_when_idle=exit_when_idle)
 
 
+@app.command()
+def migrate() -> None:
+    """Create or upgrade the queue database's tables (Alembic) at LAYERLAB_DATABASE_URL."""
+    from service.queue import QueueStore
+
+    settings = get_settings()
+    QueueStore(settings.queue_url)
+    out.print(f"queue schema is up to date ({_safe_url(settings.queue_url)})")
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+@app.command("mlflow-server")
+def mlflow_server(
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 5000,
+    workers: Annotated[int, typer.Option(help="uvicorn workers of the MLflow server.")] = 2,
+) -> None:
+    """Run the production MLflow server: PostgreSQL backend, S3 artifacts, basic auth (admin password from
+    LAYERLAB_MLFLOW_ADMIN_PASSWORD_FILE). The embedded `layerlab up` runs a local one without auth instead."""
+    from service.mlflow_server import ServerConfigError, exec_server
+
+    try:
+        exec_server(get_settings(), host, port, workers)
+    except ServerConfigError as exc:
+        raise _fail(str(exc), 2) from None
+
+
+@token_app.command("create")
+def token_create(
+    user: Annotated[str, typer.Option(help="Who the token acts as; sweeps it submits belong to them.")],
+    admin: Annotated[bool, typer.Option("--admin", help="May cancel anyone's sweeps.")] = False,
+) -> None:
+    """Create a token and print it once (only its hash is stored)."""
+    from service.queue import QueueStore
+    from service.tokens import TokenStore
+
+    try:
+        token_id, token = TokenStore(QueueStore(get_settings().queue_url)).create(user, admin=admin)
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from None
+    err.print(f"token {token_id} for {user}{' (admin)' if admin else ''}; it is shown only now:", markup=False)
+    print(token)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: Annotated[int, typer.Argument(help="The id from `layerlab token list`.")]) -> None:
+    """Revoke a token: requests with it get 401 from now on."""
+    from service.queue import QueueStore
+    from service.tokens import TokenStore
+
+    try:
+        info = TokenStore(QueueStore(get_settings().queue_url)).revoke(token_id)
+    except KeyError as exc:
+        raise _fail(str(exc.args[0])) from None
+    out.print(f"revoked token {info.id} of {info.user}", markup=False)
+
+
+@token_app.command("list")
+def token_list() -> None:
+    """List tokens (id, user, prefix, admin, created, revoked); never the tokens themselves."""
+    from service.queue import QueueStore
+    from service.tokens import TokenStore
+
+    table = Table("id", "user", "prefix", "admin", "created", "revoked")
+    for t in TokenStore(QueueStore(get_settings().queue_url)).list():
+        flags = ("yes" if t.admin else "", t.created_at, "yes" if t.revoked else "")
+        table.add_row(str(t.id), t.user, t.prefix + "…", *flags)
+    out.print(table)
+
+
+def _local_token(settings: Settings) -> None:
+    """The embedded stack's user gets an admin token in <home>/api-token (mode 0600), once."""
+    import getpass
+
+    from service.queue import QueueStore
+    from service.tokens import TokenStore
+
+    if settings.resolved_api_token():
+        return
+    _, token = TokenStore(QueueStore(settings.queue_url)).create(getpass.getuser() or "local", admin=True)
+    settings.token_file.touch(mode=0o600)
+    settings.token_file.write_text(token + "\n")
+
+
 def _mlflow_server_cmd(settings: Settings, port: int) -> list[str]:
     return [
         sys.executable,
@@ -271,6 +384,7 @@ def up(
     pid_file = home / "up.json"
     if pid_file.exists() and _alive(json.loads(pid_file.read_text())):
         raise _fail(f"the stack is already running (pids in {pid_file}); stop it with `layerlab down`")
+    _local_token(settings)
     env = {
         **os.environ,
         "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",

@@ -67,6 +67,8 @@ class Sweep(Base):
     model_name: Mapped[str | None] = mapped_column(String(100), nullable=True)
     model_version: Mapped[str | None] = mapped_column(String(32), nullable=True)
     model_alias: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    owner: Mapped[str | None] = mapped_column(String(100), nullable=True, index=True)
+    """The user whose API token submitted the sweep; only they (or an admin) may cancel it."""
 
 
 class Trial(Base):
@@ -83,6 +85,8 @@ class Trial(Base):
     starts: Mapped[int] = mapped_column(Integer, default=0)
     logged_iteration: Mapped[int] = mapped_column(Integer, default=0)
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    node_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """The Ray node that ran the trial's latest start (operators: where to look for its logs)."""
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 
@@ -96,3 +100,18 @@ class Event(Base):
     at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     action: Mapped[str] = mapped_column(String(32))
     detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class ApiToken(Base):
+    """An API token. Only its SHA-256 is stored: a leaked database does not leak working tokens."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user: Mapped[str] = mapped_column(String(100), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    """The token's first characters, to tell tokens apart in `layerlab token list`."""
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)

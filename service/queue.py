@@ -54,7 +54,9 @@ class QueueStore:
 
     # --- submit / read / cancel (API side) ---------------------------------------------------
 
-    def submit(self, spec: SweepSpec, spec_yaml: str | None = None, max_attempts: int = 3) -> Sweep:
+    def submit(
+        self, spec: SweepSpec, spec_yaml: str | None = None, max_attempts: int = 3, owner: str | None = None
+    ) -> Sweep:
         assert spec.metric.mode is not None, "parse_spec fills the metric mode"
         with self.session() as s, s.begin():
             sweep = Sweep(
@@ -69,6 +71,7 @@ class QueueStore:
                 metric_name=spec.metric.name,
                 metric_mode=spec.metric.mode,
                 submitted_at=utcnow(),
+                owner=owner,
             )
             s.add(sweep)
             s.flush()
@@ -252,17 +255,21 @@ class QueueStore:
             s.flush()
         return trial
 
-    def trial_started(self, sweep_id: int, trial_id: str, config: dict[str, Any]) -> Trial:
+    def trial_started(self, sweep_id: int, trial_id: str, config: dict[str, Any], node_id: str | None = None) -> Trial:
         with self.session() as s, s.begin():
             trial = self._trial(s, sweep_id, trial_id)
             trial.state, trial.config = TrialState.running.value, config
+            trial.node_id = node_id or trial.node_id
             trial.starts += 1
             trial.updated_at = utcnow()
         return trial
 
-    def trial_result(self, sweep_id: int, trial_id: str, iteration: int, metrics: dict[str, Any]) -> None:
+    def trial_result(
+        self, sweep_id: int, trial_id: str, iteration: int, metrics: dict[str, Any], node_id: str | None = None
+    ) -> None:
         with self.session() as s, s.begin():
             trial = self._trial(s, sweep_id, trial_id)
+            trial.node_id = node_id or trial.node_id
             if iteration >= trial.iteration:
                 trial.iteration, trial.metrics = iteration, metrics
             trial.updated_at = utcnow()

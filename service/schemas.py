@@ -36,6 +36,7 @@ class SweepPublic(BaseModel):
     id: int
     name: str
     task: str
+    owner: str | None
     state: str
     reason: str | None
     priority: int
@@ -67,6 +68,7 @@ class SweepPublic(BaseModel):
             id=sweep.id,
             name=sweep.name,
             task=sweep.task,
+            owner=sweep.owner,
             state=sweep.state,
             reason=sweep.reason,
             priority=sweep.priority,

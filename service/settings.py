@@ -24,6 +24,25 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1, description="Claims of one sweep before it fails.")
     max_body_bytes: int = Field(default=256 * 1024, gt=0)
     ray_num_cpus: int | None = Field(default=None, description="CPUs of a local Ray; all when unset.")
+    api_token: str | None = Field(
+        default=None, description="The CLI's API token; `<home>/api-token` (written by `layerlab up`) when unset."
+    )
+    # `layerlab mlflow-server` (the production tracking server): PostgreSQL stores, S3 artifacts, basic auth.
+    mlflow_backend_store_uri: str | None = Field(default=None, description="SQLite under `home` when unset.")
+    mlflow_auth_db_uri: str | None = Field(default=None, description="Users of basic auth; SQLite under `home`.")
+    mlflow_artifacts_destination: str | None = Field(
+        default=None, description="e.g. s3://bucket/mlartifacts; `home`/mlartifacts when unset."
+    )
+    mlflow_admin_username: str = Field(default="admin")
+    mlflow_admin_password: str | None = Field(default=None, description="Prefer the _FILE form (a secret).")
+    mlflow_admin_password_file: Path | None = Field(default=None, description="A file holding the admin password.")
+    mlflow_secret_key_file: Path | None = Field(
+        default=None,
+        description="Flask secret (CSRF) of the MLflow server; the same for every replica. Generated under `home`.",
+    )
+    mlflow_allowed_hosts: str | None = Field(
+        default=None, description="Host headers the MLflow server accepts beyond localhost (e.g. mlflow,mlflow:5000)."
+    )
 
     @property
     def home_abs(self) -> Path:
@@ -44,6 +63,17 @@ class Settings(BaseSettings):
     @property
     def tune_storage(self) -> str:
         return os.environ.get("LAYERLAB_TUNE_STORAGE") or str(self.home_abs / "tune")
+
+    @property
+    def token_file(self) -> Path:
+        return self.home_abs / "api-token"
+
+    def resolved_api_token(self) -> str | None:
+        if self.api_token:
+            return self.api_token
+        if self.token_file.is_file():
+            return self.token_file.read_text().strip() or None
+        return None
 
     @property
     def ray_address(self) -> str | None:

@@ -22,7 +22,7 @@ from service.models import TrialState
 from service.queue import Claim, QueueStore
 from service.spec import Domain, SweepSpec
 from workers.tracking import SweepTracker
-from workers.trainable import ARTIFACTS_KEY, run_trial, run_trial_distributed
+from workers.trainable import ARTIFACTS_KEY, NODE_KEY, run_trial, run_trial_distributed
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,10 @@ class ProgressCallback(tune.Callback):
         if isinstance(files, dict) and files:
             live.tracker.log_trial_files(trial.trial_id, {k: base64.b64decode(v) for k, v in files.items()})
         metrics = _numeric(result, self.metric_keys)
-        live.store.trial_result(self.sweep_id, trial.trial_id, step, metrics)
+        node = result.get(NODE_KEY)
+        live.store.trial_result(
+            self.sweep_id, trial.trial_id, step, metrics, node_id=node if isinstance(node, str) else None
+        )
         # The high-water mark makes logging idempotent: a trial restored from an older checkpoint
         # reports iterations that were already logged before the crash; those are skipped.
         if metrics and live.store.advance_logged(self.sweep_id, trial.trial_id, step):

@@ -20,6 +20,8 @@ from jobs.registry import get_task
 CHECKPOINT_FILE = "checkpoint.pt"
 ARTIFACTS_KEY = "artifacts"
 """Result key under which files from `session.log_artifact` reach the driver (name -> base64)."""
+NODE_KEY = "node_id"
+"""Result key naming the Ray node that ran the trial (node_ip alone cannot tell apart nodes on one host)."""
 
 
 class _Artifacts:
@@ -27,12 +29,16 @@ class _Artifacts:
     driver from whichever node ran the trial, so they need no shared filesystem."""
 
     def __init__(self) -> None:
+        import ray
+
         self.pending: dict[str, str] = {}
+        self.node_id = ray.get_runtime_context().get_node_id()
 
     def log_artifact(self, name: str, data: bytes) -> None:
         self.pending[name] = base64.b64encode(data).decode("ascii")
 
     def attach(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        metrics = {**metrics, NODE_KEY: self.node_id}
         if not self.pending:
             return metrics
         out = {**metrics, ARTIFACTS_KEY: self.pending}

@@ -46,6 +46,10 @@ class Stack:
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.env['LAYERLAB_API_TOKEN']}"}
+
+    @property
     def tracking_uri(self) -> str:
         return f"sqlite:///{self.home / 'mlflow.db'}"
 
@@ -74,12 +78,13 @@ class Stack:
         proc.wait(timeout=30)
 
     def submit(self, spec_yaml: str) -> dict[str, Any]:
-        r = httpx.post(f"{self.api_url}/sweeps", content=spec_yaml, headers={"content-type": "application/yaml"})
+        headers = {"content-type": "application/yaml", **self.headers}
+        r = httpx.post(f"{self.api_url}/sweeps", content=spec_yaml, headers=headers)
         assert r.status_code == 201, r.text
         return r.json()
 
     def sweep(self, sweep_id: int) -> dict[str, Any]:
-        r = httpx.get(f"{self.api_url}/sweeps/{sweep_id}", timeout=30)
+        r = httpx.get(f"{self.api_url}/sweeps/{sweep_id}", headers=self.headers, timeout=30)
         assert r.status_code == 200, r.text
         return r.json()
 
@@ -113,6 +118,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "RAY_TMPDIR": ray_tmp,
     }
     env.pop("RAY_ADDRESS", None)
+    # The operator's way in: a token from the CLI, against this stack's queue database.
+    created = subprocess.run(
+        [LAYERLAB, "token", "create", "--user", "e2e", "--admin"], env=env, capture_output=True, text=True, check=True
+    )
+    env["LAYERLAB_API_TOKEN"] = created.stdout.strip()
     api_log = open(home / "api.log", "ab")  # noqa: SIM115
     api = subprocess.Popen([LAYERLAB, "serve", "--port", str(port)], env=env, stdout=api_log, stderr=subprocess.STDOUT)
     s = Stack(home=home, api_url=f"http://127.0.0.1:{port}", env=env)

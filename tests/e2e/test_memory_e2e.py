@@ -55,4 +55,6 @@ def test_capacity_hopfield_and_neurons_sweeps_run_through_the_service(workers: S
     assert "summary/accuracy.png" in summary and "summary/capacity.png" in summary
 
     assert _child_files(workers, "e2e-neurons") == [["knowledge_neurons.md"]]
-    assert 0.0 <= done["kn"]["best_metric"] <= 1.0
+    # A relative drop of probability: at most 1 (suppressed to zero). At this tiny size the neurons found
+    # may not matter (the drop can be slightly negative); the science is checked at size in tests/jobs.
+    assert -1.0 <= done["kn"]["best_metric"] <= 1.0

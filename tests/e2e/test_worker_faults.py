@@ -100,7 +100,7 @@ def test_cancel_stops_running_trials_and_keeps_finished_ones(workers: Stack) -> 
         return short_done and any(t.config.get("steps") == 5000000 and t.iteration >= 1 for t in trials)
 
     wait_until(long_trial_running, 180, "the short trial to finish and the long one to report")
-    r = httpx.post(f"{stack.api_url}/sweeps/{sweep_id}/cancel")
+    r = httpx.post(f"{stack.api_url}/sweeps/{sweep_id}/cancel", headers=stack.headers)
     assert r.status_code == 200 and r.json()["cancel_requested"] is True
     t0 = time.monotonic()
     s = stack.wait_state(sweep_id, ("succeeded", "failed", "cancelled"), timeout=30)
@@ -115,7 +115,7 @@ def test_cancel_stops_running_trials_and_keeps_finished_ones(workers: Stack) -> 
     assert by_steps["5000000"].info.status == "KILLED"
     parent = next(r for r in runs if r.data.tags.get("layerlab.role") == "parent")
     assert parent.info.status == "KILLED"
-    r = httpx.post(f"{stack.api_url}/sweeps/{sweep_id}/cancel")
+    r = httpx.post(f"{stack.api_url}/sweeps/{sweep_id}/cancel", headers=stack.headers)
     assert r.status_code == 409
     assert r.json()["detail"] == f"sweep {sweep_id} is cancelled; cannot cancel it"
 

@@ -24,7 +24,9 @@ JSON = {"content-type": "application/json"}
 def client(tmp_path: Path) -> Iterator[TestClient]:
     # database_url=None: the queue lives under this test's home even if LAYERLAB_DATABASE_URL is set.
     settings = Settings(home=tmp_path, database_url=None, max_body_bytes=LIMIT, max_attempts=2)
-    with TestClient(create_app(settings)) as client:
+    app = create_app(settings)
+    _, token = app.state.tokens.create("alice")
+    with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as client:
         yield client
     db.dispose_all()
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 
-from service.api.deps import SettingsDep, StoreDep
+from service.api.deps import PrincipalDep, SettingsDep, StoreDep, get_principal
 from service.errors import SpecError
 from service.models import SweepState
 from service.schemas import SpecErrorBody, SweepList, SweepPublic
 from service.spec import parse_spec
 
-router = APIRouter(prefix="/sweeps", tags=["sweeps"])
+# Every /sweeps endpoint needs a token; handlers that act on ownership take the principal themselves.
+router = APIRouter(prefix="/sweeps", tags=["sweeps"], dependencies=[Depends(get_principal)])
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
 
@@ -45,7 +46,9 @@ async def _read_body(request: Request, limit: int) -> bytes:
         }
     },
 )
-async def submit_sweep(request: Request, store: StoreDep, settings: SettingsDep) -> SweepPublic:
+async def submit_sweep(
+    request: Request, store: StoreDep, settings: SettingsDep, principal: PrincipalDep
+) -> SweepPublic:
     """Validate a sweep spec (YAML or JSON body) and queue it."""
     body = await _read_body(request, settings.max_body_bytes)
     ctype = request.headers.get("content-type", "application/yaml").split(";")[0].strip().lower()
@@ -70,7 +73,7 @@ async def submit_sweep(request: Request, store: StoreDep, settings: SettingsDep)
             )
     except SpecError as exc:
         raise HTTPException(422, {"message": "invalid sweep spec", "errors": exc.errors}) from None
-    sweep = store.submit(spec, text, max_attempts=settings.max_attempts)
+    sweep = store.submit(spec, text, max_attempts=settings.max_attempts, owner=principal.user)
     return SweepPublic.build(sweep, {}, settings.mlflow_ui_url)
 
 
@@ -93,7 +96,13 @@ def get_sweep(sweep_id: int, store: StoreDep, settings: SettingsDep) -> SweepPub
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepPublic)
-def cancel_sweep(sweep_id: int, store: StoreDep, settings: SettingsDep) -> SweepPublic:
-    """Cancel a sweep: queued ones end at once; running trials stop within seconds, finished ones are kept."""
+def cancel_sweep(sweep_id: int, store: StoreDep, settings: SettingsDep, principal: PrincipalDep) -> SweepPublic:
+    """Cancel a sweep: queued ones end at once; running trials stop within seconds, finished ones are kept.
+    Only the sweep's owner or an admin may cancel it."""
+    owner = store.get(sweep_id).owner
+    if owner != principal.user and not principal.admin:
+        raise HTTPException(
+            403, f"sweep {sweep_id} belongs to {owner or 'no one'}; only its owner or an admin can cancel it"
+        )
     sweep = store.cancel(sweep_id)
     return SweepPublic.build(sweep, store.trial_counts(sweep_id), settings.mlflow_ui_url)

@@ -1,0 +1,161 @@
+"""API tokens, ownership and /metrics: a fresh app and queue database per test, tokens made by the
+CLI where the operator would use it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import text
+
+from service import db
+from service.app import create_app
+from service.models import TrialState
+from service.queue import QueueStore
+from service.settings import Settings
+
+LAYERLAB = str(Path(sys.executable).with_name("layerlab"))
+
+
+@pytest.fixture
+def app_and_tokens(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
+    app = create_app(Settings(home=tmp_path, database_url=None))
+    tokens = {
+        "alice": app.state.tokens.create("alice")[1],
+        "bob": app.state.tokens.create("bob")[1],
+        "root": app.state.tokens.create("root", admin=True)[1],
+    }
+    with TestClient(app) as client:
+        yield client, tokens
+    db.dispose_all()
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def submit_as(client: TestClient, token: str, spec: dict[str, Any]) -> dict[str, Any]:
+    resp = client.post("/sweeps", json=spec, headers=auth(token))
+    assert resp.status_code == 201, resp.text
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("get", "/sweeps"), ("post", "/sweeps"), ("get", "/sweeps/1"), ("post", "/sweeps/1/cancel"), ("get", "/metrics")],
+)
+def test_every_endpoint_but_healthz_needs_a_token(
+    app_and_tokens: tuple[TestClient, dict[str, str]], method: str, path: str
+) -> None:
+    client, _ = app_and_tokens
+    resp = client.request(method, path)
+    assert resp.status_code == 401
+    assert resp.headers["www-authenticate"] == "Bearer"
+    assert "layerlab token create --user NAME" in resp.json()["detail"]
+    bad = client.request(method, path, headers=auth("ll_not-a-real-token"))
+    assert bad.status_code == 401
+    assert bad.json() == {"detail": "the API token is unknown or revoked: ask an operator for a new one"}
+    assert client.get("/healthz").status_code == 200
+
+
+def test_a_sweep_belongs_to_its_submitter_and_only_they_or_an_admin_cancel_it(
+    app_and_tokens: tuple[TestClient, dict[str, str]], demo_dict: dict[str, Any]
+) -> None:
+    client, tokens = app_and_tokens
+    first = submit_as(client, tokens["alice"], demo_dict)
+    assert first["owner"] == "alice"
+    resp = client.post(f"/sweeps/{first['id']}/cancel", headers=auth(tokens["bob"]))
+    assert resp.status_code == 403
+    assert resp.json() == {"detail": f"sweep {first['id']} belongs to alice; only its owner or an admin can cancel it"}
+    assert client.get(f"/sweeps/{first['id']}", headers=auth(tokens["bob"])).json()["state"] == "queued"
+    ok = client.post(f"/sweeps/{first['id']}/cancel", headers=auth(tokens["alice"]))
+    assert ok.status_code == 200 and ok.json()["state"] == "cancelled"
+
+    second = submit_as(client, tokens["alice"], demo_dict)
+    assert client.post(f"/sweeps/{second['id']}/cancel", headers=auth(tokens["root"])).json()["state"] == "cancelled"
+
+
+def test_revoked_tokens_stop_working_and_only_hashes_are_stored(
+    app_and_tokens: tuple[TestClient, dict[str, str]],
+) -> None:
+    client, tokens = app_and_tokens
+    store: QueueStore = client.app.state.store  # type: ignore[attr-defined]
+    with store.engine.connect() as conn:
+        stored = {row.user: row.token_hash for row in conn.execute(text("SELECT user, token_hash FROM api_tokens"))}
+    assert stored["alice"] == hashlib.sha256(tokens["alice"].encode()).hexdigest()
+    dump = "".join(store.engine.raw_connection().driver_connection.iterdump())  # type: ignore[union-attr]
+    assert not any(t in dump for t in tokens.values())
+
+    bob = next(t for t in client.app.state.tokens.list() if t.user == "bob")  # type: ignore[attr-defined]
+    assert client.get("/sweeps", headers=auth(tokens["bob"])).status_code == 200
+    client.app.state.tokens.revoke(bob.id)  # type: ignore[attr-defined]
+    assert client.get("/sweeps", headers=auth(tokens["bob"])).status_code == 401
+
+
+def test_openapi_declares_bearer_auth(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:
+    client, _ = app_and_tokens
+    schema = client.get("/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    assert schema["paths"]["/sweeps"]["post"]["security"] == [{"HTTPBearer": []}]
+    assert "security" not in schema["paths"]["/healthz"]["get"]
+
+
+def test_metrics_count_sweeps_claims_and_trials(
+    app_and_tokens: tuple[TestClient, dict[str, str]], demo_dict: dict[str, Any]
+) -> None:
+    client, tokens = app_and_tokens
+    store: QueueStore = client.app.state.store  # type: ignore[attr-defined]
+    for _ in range(3):
+        submit_as(client, tokens["alice"], demo_dict)
+    claim = store.claim("w1", lease_seconds=30)
+    assert claim is not None
+    store.trial_started(claim.sweep_id, "t1", {})
+    store.trial_started(claim.sweep_id, "t2", {})
+    store.trial_ended(claim.sweep_id, "t1", TrialState.terminated)
+    store.finish(claim)
+
+    resp = client.get("/metrics", headers=auth(tokens["alice"]))
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(resp.text)
+        for s in family.samples
+    }
+    assert samples[("layerlab_sweeps", (("state", "queued"),))] == 2
+    assert samples[("layerlab_sweeps", (("state", "succeeded"),))] == 1
+    assert samples[("layerlab_sweep_claims_total", ())] == 1
+    assert samples[("layerlab_trials", (("state", "terminated"),))] == 1
+    assert samples[("layerlab_trials", (("state", "running"),))] == 1
+    assert samples[("layerlab_sweep_duration_seconds_count", (("state", "succeeded"),))] == 1
+    assert samples[("layerlab_sweep_duration_seconds_bucket", (("le", "60.0"), ("state", "succeeded")))] == 1
+
+
+def test_token_cli_create_list_revoke(tmp_path: Path) -> None:
+    env = {**os.environ, "LAYERLAB_HOME": str(tmp_path)}
+    env.pop("LAYERLAB_DATABASE_URL", None)
+
+    def run(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([LAYERLAB, *args], env=env, capture_output=True, text=True)
+        assert (proc.returncode == 0) == ok, proc.stderr
+        return proc
+
+    created = run("token", "create", "--user", "carol")
+    token = created.stdout.strip()
+    assert token.startswith("ll_") and len(token) > 40
+    assert "shown only now" in created.stderr
+    listing = run("token", "list").stdout
+    assert "carol" in listing and token not in listing
+    assert "revoked token 1 of carol" in run("token", "revoke", "1").stdout
+    assert "no API token with id 9" in run("token", "revoke", "9", ok=False).stderr
+    bad = run("token", "create", "--user", "../etc", ok=False)
+    assert "user name '../etc' is not allowed" in bad.stderr
+    db.dispose_all()
