@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help install services demo up down test lint clean
+.PHONY: help install services browser demo up down test lint clean
 
 help:
 	@echo "make demo   install, start the embedded stack, run sweeps/tversky_xor_demo.yaml"
@@ -40,6 +40,10 @@ services:
 	  pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head -1) main start; \
 	  for i in $$(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done; }
 
+# Debian's chromium for the MLflow UI check in tests/browser (about 25 s the first time).
+browser:
+	@scripts/install-chromium.sh
+
 demo: install
 	@$(LAYERLAB) down >/dev/null 2>&1 || true
 	$(LAYERLAB) up --detach
@@ -61,7 +65,7 @@ lint: install
 	$(VENV)/bin/ruff format --check service workers jobs tests benchmarks
 	$(VENV)/bin/mypy
 
-test: install services lint
+test: install services browser lint
 	$(PY) -m pytest -q
 
 clean:

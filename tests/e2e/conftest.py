@@ -79,7 +79,7 @@ class Stack:
 
     def submit(self, spec_yaml: str) -> dict[str, Any]:
         headers = {"content-type": "application/yaml", **self.headers}
-        r = httpx.post(f"{self.api_url}/sweeps", content=spec_yaml, headers=headers)
+        r = httpx.post(f"{self.api_url}/sweeps", content=spec_yaml, headers=headers, timeout=30)
         assert r.status_code == 201, r.text
         return r.json()
 
