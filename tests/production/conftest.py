@@ -136,6 +136,15 @@ def production(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Production]
             db.dispose_all()  # before the databases are dropped
 
 
+@pytest.fixture
+def prod(production: Production) -> Iterator[Production]:
+    """The production stack, with every worker a test starts killed at the end of that test."""
+    yield production
+    for proc in production.workers:
+        production.kill_worker(proc)
+    production.workers.clear()
+
+
 def _healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
