@@ -1,0 +1,621 @@
+"""SAC on MuJoCo HalfCheetah with a separable (SNA) critic vs an MLP critic of matched size (seed 002).
+
+Soft Actor-Critic (Haarnoja et al. 2018, "SAC: Algorithms and Applications", arXiv 1812.05905), laid out as
+CleanRL's sac_continuous_action.py: twin critics with target networks (Polyak averaging, τ), the clipped double-Q
+target r + γ(1 - terminated)(min Q'(s', a') - α log π(a'|s')), a squashed-Gaussian actor
+(jobs/layers/sac_actor.py), automatic entropy tuning towards -|A| (SAC eq. 18), a preallocated numpy replay
+buffer, one gradient step per environment step after `learning_starts` uniform-random steps. The critic's
+gradient is clipped to norm `grad_clip` (1.0): seed 002's fix for the bilinear branch's exploding Q values.
+
+critic=sna is Q = V(s) + A(a) + u(s)ᵀ diag(w) v(a)/√R (jobs/layers/sna_critic.py); critic=mlp is Q = MLP([s, a])
+whose width is solved so that its parameter count matches the SNA critic of the same rank (both counts are
+reported). Each report holds:
+- eval_return: mean return of `eval_episodes` episodes of the deterministic policy tanh(mean) on a separate env,
+  from fixed start seeds (the same start states at every evaluation of a trial, and for both critics at a seed).
+- perf/env_steps_per_s (rollout + updates, evaluation excluded) and perf/updates_per_s (update time only).
+- critic/effective_rank (sna; the first twin): the rank holding 90% of the singular-value energy of the cross term
+  C_ij = u(s_i)ᵀ diag(w) v(a_j)/√R over `rank_batch` buffer states x actions; critic/interaction_rank (both
+  kinds): the same for the double-centred Q(s_i, a_j), the part of Q no V(s) + A(a) explains.
+
+Gymnasium 1.x: a single (unvectorised) env returns the true last observation of an episode from step(), so the
+CleanRL `final_observation` handling is not needed; only `terminated` (not time-limit truncation) stops the
+bootstrap. Resume: the checkpoint holds the networks, optimisers, log α, step counters, RNG states and (with
+`checkpoint_buffer`) the replay buffer; the resumed trial starts a new training episode at the step it reached.
+
+Run alone: `OMP_NUM_THREADS=1 python -m jobs run sna.halfcheetah --set total_steps=3000 --set learning_starts=1000
+--set eval_every=1000`. One thread: SAC's small matmuls gain nothing from a second one, and on a busy 2-core
+machine (load average ~12) a second intra-op thread made a 600-step run 16x slower, 402 s against 25 s (the worker
+sets a trial's threads to its cpus).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import io
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import annotated_types as at
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from jobs.config import check_fields
+from jobs.layers.sac_actor import SquashedGaussianActor
+from jobs.layers.separable import count_params, effective_rank
+from jobs.layers.sna_critic import (
+    CriticKind,
+    create_critic,
+    interaction_effective_rank,
+    sna_critic_params,
+)
+from jobs.registry import Task
+from jobs.runtime import Session
+from jobs.tasks.memory_capacity import TableRows
+
+EVAL_SEED_OFFSET = 1_000_003  # evaluation episodes start from seeds no training episode uses
+log = logging.getLogger(__name__)
+_MUJOCO_SEEN: set[str] = set()
+
+
+@dataclass(frozen=True)
+class SacConfig:
+    env_id: str = "HalfCheetah-v5"
+    """A gymnasium env with a Box action space (tests use Pendulum-v1, which is cheaper)."""
+    critic: CriticKind = "sna"
+    """sna: V(s) + A(a) + rank-R bilinear cross term; mlp: an MLP on [s, a] (of matched size, see match_params)."""
+    rank: Annotated[int, at.Ge(1)] = 32
+    """R of the SNA cross term; for critic=mlp with match_params, the SNA critic whose size the MLP matches."""
+    critic_hidden: Annotated[int, at.Gt(0)] = 256
+    """Width of every SNA branch (V, A, u, v); of the MLP critic when match_params is false."""
+    critic_depth: Annotated[int, at.Ge(1)] = 2
+    """Hidden layers of every critic branch and of the MLP critic (SAC's classic critic: 2 x 256)."""
+    match_params: bool = True
+    """critic=mlp: solve the width so the MLP has the SNA critic's parameter count; false: width critic_hidden."""
+    actor_hidden: Annotated[int, at.Gt(0)] = 256
+    """Width of the actor's two hidden layers."""
+    total_steps: Annotated[int, at.Gt(0)] = 100_000
+    """Environment steps of the trial (one gradient update per step after learning_starts)."""
+    learning_starts: Annotated[int, at.Ge(0)] = 5_000
+    """Uniform-random actions for this many steps before the first update (CleanRL: 5000)."""
+    batch_size: Annotated[int, at.Gt(0)] = 256
+    """Transitions per update, sampled uniformly with replacement from the buffer."""
+    buffer_size: Annotated[int, at.Gt(0)] | None = None
+    """Replay capacity in transitions; None = total_steps (nothing is ever overwritten)."""
+    gamma: Annotated[float, at.Gt(0), at.Le(1)] = 0.99
+    """Discount factor."""
+    tau: Annotated[float, at.Gt(0), at.Le(1)] = 0.005
+    """Polyak rate of the target critics: θ' <- τ θ + (1 - τ) θ' after every update."""
+    policy_lr: Annotated[float, at.Gt(0)] = 3e-4
+    """Adam learning rate of the actor (and of log α)."""
+    q_lr: Annotated[float, at.Gt(0)] = 3e-4
+    """Adam learning rate of the critics. SAC's 3e-4, not CleanRL's 1e-3: seed 002 finds the bilinear branch
+    sensitive to it, and both critics get the same rate."""
+    alpha: Annotated[float, at.Gt(0)] = 0.2
+    """Entropy temperature: the start value with autotune, fixed without it."""
+    autotune: bool = True
+    """Tune α so the policy's entropy tracks -|A| (SAC eq. 18)."""
+    grad_clip: Annotated[float, at.Ge(0)] = 1.0
+    """Clip the critics' joint gradient norm to this (seed 002: 1.0, "or Q goes NaN"); 0 turns clipping off."""
+    eval_every: Annotated[int, at.Gt(0)] = 5_000
+    """Evaluate, report and checkpoint every this many env steps (and at the last step); one ASHA iteration."""
+    eval_episodes: Annotated[int, at.Gt(0)] = 5
+    """Deterministic evaluation episodes per report (HalfCheetah: 1000 steps each)."""
+    rank_batch: Annotated[int, at.Ge(2)] = 128
+    """States and actions drawn from the buffer for the effective-rank diagnostics (a rank_batch² matrix)."""
+    rank_energy: Annotated[float, at.Gt(0), at.Le(1)] = 0.9
+    """Share of the squared singular values the effective rank must hold."""
+    checkpoint_buffer: bool = True
+    """Save the replay buffer in each checkpoint (~17 MB per 100k HalfCheetah transitions), so a resumed trial
+    learns from the same data; false: a resumed trial refills an empty buffer with learning_starts random steps
+    before it updates again, and its curve dips."""
+    seed: Annotated[int, at.Ge(0)] = 0
+    """Seed of the networks' init, the env resets, exploration and minibatch sampling."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.env_id not in gym.registry:
+            near = [k for k in gym.registry if k.split("-")[0].lower() == self.env_id.split("-")[0].lower()]
+            hint = f"; registered versions: {', '.join(sorted(near))}" if near else "; e.g. HalfCheetah-v5, Pendulum-v1"
+            raise ValueError(f"env_id: {self.env_id!r} is not a registered gymnasium environment{hint}")
+        if self.learning_starts >= self.total_steps:
+            raise ValueError(
+                f"learning_starts: must be < total_steps ({self.total_steps}), got {self.learning_starts}; "
+                "no update would ever run, so lower it or raise total_steps"
+            )
+        if self.eval_every > self.total_steps:
+            raise ValueError(
+                f"eval_every: must be <= total_steps ({self.total_steps}), got {self.eval_every}; lower it"
+            )
+
+    @property
+    def capacity(self) -> int:
+        return self.buffer_size or self.total_steps
+
+
+METRICS = {
+    "eval_return": "max",
+    "eval/return_std": "min",
+    "train/episode_return": "max",
+    "losses/critic": "min",
+    "losses/actor": "min",
+    "losses/alpha": "min",
+    "alpha": "min",
+    "q/mean": "max",
+    "critic/effective_rank": "min",
+    "critic/interaction_rank": "min",
+    "critic/params": "min",
+    "critic/params_sna": "min",
+    "actor/params": "min",
+    "perf/env_steps_per_s": "max",
+    "perf/updates_per_s": "max",
+    "step": "max",
+    "updates": "max",
+}
+
+
+# --- networks
+
+
+def _mujoco_warning(message: str) -> None:
+    if message not in _MUJOCO_SEEN:  # once per process: every HalfCheetah build repeats a deprecation notice
+        _MUJOCO_SEEN.add(message)
+        log.warning("MuJoCo: %s", message)
+
+
+def make_env(env_id: str) -> gym.Env[Any, Any]:
+    """gym.make, with MuJoCo's warnings sent to logging: its default handler appends them to MUJOCO_LOG.TXT in
+    the working directory (the repository, or a trial's folder) on every model build."""
+    try:
+        import mujoco
+    except ImportError:  # gymnasium without the mujoco extra: classic-control envs still work
+        pass
+    else:
+        mujoco.set_mju_user_warning(_mujoco_warning)
+    return gym.make(env_id)
+
+
+@functools.lru_cache(maxsize=16)
+def env_spaces(env_id: str) -> tuple[int, int, tuple[float, ...], tuple[float, ...]]:
+    """(obs_dim, act_dim, action low, action high) of the env, read from one instance."""
+    env = make_env(env_id)
+    try:
+        obs_space, act_space = env.observation_space, env.action_space
+        if not isinstance(act_space, gym.spaces.Box) or not isinstance(obs_space, gym.spaces.Box):
+            raise ValueError(f"env_id: SAC needs Box observation and action spaces, {env_id} has {act_space}")
+        return (
+            int(np.prod(obs_space.shape)),
+            int(np.prod(act_space.shape)),
+            tuple(float(x) for x in act_space.low.ravel()),
+            tuple(float(x) for x in act_space.high.ravel()),
+        )
+    finally:
+        env.close()
+
+
+def build_model(cfg: SacConfig) -> SquashedGaussianActor:
+    """The policy (what gets registered): obs [B, obs_dim] -> deterministic action [B, act_dim]."""
+    obs_dim, act_dim, low, high = env_spaces(cfg.env_id)
+    return SquashedGaussianActor(obs_dim, act_dim, list(low), list(high), cfg.actor_hidden)
+
+
+def example_input(cfg: SacConfig) -> torch.Tensor:
+    """Eight real start observations of the env: [8, obs_dim] float32."""
+    env = make_env(cfg.env_id)
+    obs = [env.reset(seed=cfg.seed * 8 + i)[0] for i in range(8)]
+    env.close()
+    return torch.as_tensor(np.stack(obs), dtype=torch.float32).reshape(8, -1)
+
+
+def build_critic(cfg: SacConfig) -> nn.Module:
+    obs_dim, act_dim, _, _ = env_spaces(cfg.env_id)
+    return create_critic(cfg.critic, obs_dim, act_dim, cfg.rank, cfg.critic_hidden, cfg.critic_depth, cfg.match_params)
+
+
+# --- replay buffer
+
+
+@dataclass
+class Batch:
+    obs: torch.Tensor  # [B, S]
+    actions: torch.Tensor  # [B, A]
+    rewards: torch.Tensor  # [B, 1]
+    next_obs: torch.Tensor  # [B, S]
+    terminated: torch.Tensor  # [B, 1], 1.0 where the episode ended in a terminal state (no bootstrap)
+
+
+class ReplayBuffer:
+    """A ring of `capacity` transitions in preallocated float32 arrays; sampled uniformly with replacement."""
+
+    FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated")
+
+    def __init__(self, capacity: int, obs_dim: int, act_dim: int) -> None:
+        self.capacity = capacity
+        widths = {"obs": obs_dim, "actions": act_dim, "rewards": 1, "next_obs": obs_dim, "terminated": 1}
+        self.arrays = {k: np.zeros((capacity, widths[k]), dtype=np.float32) for k in self.FIELDS}
+        self.pos = 0  # next slot to write
+        self.size = 0
+
+    def add(self, obs: Any, action: Any, reward: float, next_obs: Any, terminated: bool) -> None:
+        for k, v in zip(self.FIELDS, (obs, action, reward, next_obs, float(terminated)), strict=True):
+            self.arrays[k][self.pos] = np.asarray(v, dtype=np.float32).reshape(-1)
+        self.pos = (self.pos + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def sample(self, batch_size: int, rng: np.random.Generator, device: torch.device) -> Batch:
+        idx = rng.integers(0, self.size, size=batch_size)
+        return Batch(*(torch.as_tensor(self.arrays[k][idx], device=device) for k in self.FIELDS))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The filled rows only (a ring not yet full saves no zeros) plus the write position."""
+        return {"pos": self.pos, "size": self.size, **{k: self.arrays[k][: self.size].copy() for k in self.FIELDS}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        size = int(state["size"])
+        if size > self.capacity:
+            raise ValueError(f"buffer_size: the checkpoint holds {size} transitions, more than the {self.capacity} set")
+        for k in self.FIELDS:
+            self.arrays[k][:size] = state[k]
+        self.pos, self.size = int(state["pos"]) % self.capacity, size
+
+
+# --- SAC: the agent and its updates
+
+
+@dataclass
+class Agent:
+    actor: SquashedGaussianActor
+    qf1: nn.Module
+    qf2: nn.Module
+    qf1_target: nn.Module
+    qf2_target: nn.Module
+    log_alpha: torch.Tensor  # [1], requires grad when autotuned
+    actor_optimizer: torch.optim.Optimizer
+    q_optimizer: torch.optim.Optimizer
+    alpha_optimizer: torch.optim.Optimizer | None
+    target_entropy: float
+
+    @property
+    def alpha(self) -> float:
+        return float(self.log_alpha.exp().item())
+
+    def critic_params(self) -> list[nn.Parameter]:
+        return [*self.qf1.parameters(), *self.qf2.parameters()]
+
+    PARTS = ("qf1", "qf2", "qf1_target", "qf2_target", "actor_optimizer", "q_optimizer")
+
+    def state_dict(self) -> dict[str, Any]:
+        # Deep copies: the checkpoint must not change as training goes on (LocalSession keeps it in memory).
+        state = {k: copy.deepcopy(getattr(self, k).state_dict()) for k in self.PARTS}
+        state["log_alpha"] = self.log_alpha.detach().clone()
+        if self.alpha_optimizer is not None:
+            state["alpha_optimizer"] = copy.deepcopy(self.alpha_optimizer.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k in self.PARTS:
+            getattr(self, k).load_state_dict(state[k])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        if self.alpha_optimizer is not None:
+            self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+
+
+def make_agent(cfg: SacConfig, actor: SquashedGaussianActor, device: torch.device) -> Agent:
+    qf1, qf2 = build_critic(cfg).to(device), build_critic(cfg).to(device)
+    qf1_target, qf2_target = copy.deepcopy(qf1), copy.deepcopy(qf2)
+    for p in [*qf1_target.parameters(), *qf2_target.parameters()]:
+        p.requires_grad_(False)  # moved only by Polyak averaging
+    log_alpha = torch.full((1,), math.log(cfg.alpha), device=device, requires_grad=cfg.autotune)
+    act_dim = env_spaces(cfg.env_id)[1]
+    return Agent(
+        actor=actor,
+        qf1=qf1,
+        qf2=qf2,
+        qf1_target=qf1_target,
+        qf2_target=qf2_target,
+        log_alpha=log_alpha,
+        # foreach (multi-tensor) also on CPU, where torch defaults to a per-tensor loop: the twin SNA critics hold 52
+        # small tensors, and the loop cost ~1 ms of a ~15 ms critic step here.
+        actor_optimizer=torch.optim.Adam(actor.parameters(), lr=cfg.policy_lr, foreach=True),
+        q_optimizer=torch.optim.Adam([*qf1.parameters(), *qf2.parameters()], lr=cfg.q_lr, foreach=True),
+        alpha_optimizer=torch.optim.Adam([log_alpha], lr=cfg.policy_lr) if cfg.autotune else None,
+        target_entropy=-float(act_dim),  # SAC's heuristic: -|A|
+    )
+
+
+@torch.no_grad()
+def td_target(agent: Agent, batch: Batch, gamma: float) -> torch.Tensor:
+    """y = r + γ (1 - terminated) (min_i Q'_i(s', a') - α log π(a'|s')), a' ~ π(·|s'): [B, 1]."""
+    next_actions, next_log_pi, _ = agent.actor.sample(batch.next_obs)
+    next_q = torch.min(agent.qf1_target(batch.next_obs, next_actions), agent.qf2_target(batch.next_obs, next_actions))
+    return batch.rewards + gamma * (1 - batch.terminated) * (next_q - agent.alpha * next_log_pi)
+
+
+def critic_loss(agent: Agent, batch: Batch, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(MSE(Q1, y) + MSE(Q2, y), mean Q1): the twin critics' joint loss against a fixed target."""
+    q1, q2 = agent.qf1(batch.obs, batch.actions), agent.qf2(batch.obs, batch.actions)
+    return F.mse_loss(q1, target) + F.mse_loss(q2, target), q1.mean()
+
+
+def update_critic(agent: Agent, batch: Batch, target: torch.Tensor, grad_clip: float) -> dict[str, float]:
+    loss, q_mean = critic_loss(agent, batch, target)
+    agent.q_optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(agent.critic_params(), grad_clip)
+    agent.q_optimizer.step()
+    return {"losses/critic": loss.item(), "q/mean": q_mean.item()}
+
+
+def update_actor_and_alpha(agent: Agent, obs: torch.Tensor) -> dict[str, float]:
+    """Actor: minimise E[α log π(a|s) - min_i Q_i(s, a)], a reparameterised (SAC eq. 7); then α (eq. 18)."""
+    critic_params = agent.critic_params()
+    for p in critic_params:  # the loss needs dQ/da, not dQ/dθ: skip the critics' weight gradients
+        p.requires_grad_(False)
+    actions, log_pi, _ = agent.actor.sample(obs)
+    q = torch.min(agent.qf1(obs, actions), agent.qf2(obs, actions))
+    actor_loss = (agent.alpha * log_pi - q).mean()
+    agent.actor_optimizer.zero_grad(set_to_none=True)
+    actor_loss.backward()
+    agent.actor_optimizer.step()
+    for p in critic_params:
+        p.requires_grad_(True)
+    out = {"losses/actor": actor_loss.item()}
+    if agent.alpha_optimizer is not None:
+        # J(α) = E[-α (log π + H̄)] with α = exp(log α): α grows while the entropy -log π is below the target H̄.
+        alpha_loss = -(agent.log_alpha * (log_pi.detach() + agent.target_entropy)).mean()
+        agent.alpha_optimizer.zero_grad(set_to_none=True)
+        alpha_loss.backward()
+        agent.alpha_optimizer.step()
+        out["losses/alpha"] = alpha_loss.item()
+    return out
+
+
+@torch.no_grad()
+def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    # t <- t + τ (s - t) = τ s + (1 - τ) t, for every tensor in one call (torch.optim's own multi-tensor op)
+    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
+
+
+@torch.no_grad()
+def evaluate(actor: SquashedGaussianActor, env: gym.Env[Any, Any], cfg: SacConfig, device: torch.device) -> list[float]:
+    """Returns of `eval_episodes` episodes of the deterministic policy, from the same start seeds every time."""
+    returns = []
+    for i in range(cfg.eval_episodes):
+        obs, _ = env.reset(seed=EVAL_SEED_OFFSET + cfg.seed * cfg.eval_episodes + i)
+        done, total = False, 0.0
+        while not done:
+            action = actor(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])[0].cpu().numpy()
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    return returns
+
+
+@torch.no_grad()
+def rank_metrics(agent: Agent, buffer: ReplayBuffer, cfg: SacConfig, step: int, device: torch.device) -> dict[str, int]:
+    """Effective ranks of the critic's interaction over buffer states x buffer actions (module docstring)."""
+    rng = np.random.default_rng([cfg.seed, step])  # its own stream: diagnostics never shift training randomness
+    idx = rng.integers(0, buffer.size, size=min(cfg.rank_batch, buffer.size))
+    obs = torch.as_tensor(buffer.arrays["obs"][idx], device=device)
+    act = torch.as_tensor(buffer.arrays["actions"][idx], device=device)
+    out = {"critic/interaction_rank": interaction_effective_rank(agent.qf1, obs, act, cfg.rank_energy)}
+    cross_matrix = getattr(agent.qf1, "cross_matrix", None)
+    if cross_matrix is not None:
+        out["critic/effective_rank"] = effective_rank(cross_matrix(obs, act), cfg.rank_energy)
+    return out
+
+
+def rng_state(rng: np.random.Generator, device: torch.device) -> dict[str, Any]:
+    """Every random stream of the loop: torch's (policy noise; CUDA's too on a GPU) and numpy's (exploration,
+    minibatches), so a resumed trial continues its random streams instead of replaying them from the seed."""
+    state = {"torch": torch.get_rng_state(), "numpy": copy.deepcopy(rng.bit_generator.state)}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], rng: np.random.Generator, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    rng.bit_generator.state = state["numpy"]
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def train(cfg: SacConfig, session: Session) -> None:
+    # --- setup
+    if session.world_size > 1:
+        raise ValueError(f"resources.workers: SAC runs in one process, got {session.world_size} workers; set 1")
+    device = session.device
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)  # exploration actions and minibatch indices
+    env, eval_env = make_env(cfg.env_id), make_env(cfg.env_id)
+    obs_dim, act_dim, low, high = env_spaces(cfg.env_id)
+    actor = session.prepare_model(build_model(cfg))  # one process: moved to the device, not wrapped
+    raw_actor: SquashedGaussianActor = getattr(actor, "module", actor)  # checkpoints hold the unwrapped state
+    agent = make_agent(cfg, raw_actor, device)
+    buffer = ReplayBuffer(cfg.capacity, obs_dim, act_dim)
+    critic_params = count_params(agent.qf1)
+    sna_params = sna_critic_params(obs_dim, act_dim, cfg.rank, cfg.critic_hidden, cfg.critic_depth)
+    start, updates, episodes, table = 0, 0, 0, TableRows()
+    resume = session.checkpoint
+    if resume is not None:
+        raw_actor.load_state_dict(resume["model"])
+        agent.load_state_dict(resume["agent"])
+        if "buffer" in resume:
+            buffer.load_state_dict(resume["buffer"])
+        start, updates, episodes = int(resume["step"]), int(resume["updates"]), int(resume["episodes"])
+        table = TableRows(dict(r) for r in resume["table"])
+        set_rng_state(resume["rng"], rng, device)
+    # A resumed trial starts a new episode: the env's mid-episode physics state is not in the checkpoint.
+    obs, _ = env.reset(seed=cfg.seed * 1_000_003 + start)
+    # Without a saved buffer, a resumed trial explores randomly again until the buffer holds learning_starts.
+    explore_until = start + cfg.learning_starts if resume is not None and buffer.size == 0 else cfg.learning_starts
+    low_np, high_np = np.asarray(low, dtype=np.float32), np.asarray(high, dtype=np.float32)
+    ep_return, ep_returns, sums = 0.0, [], {}  # sums: the update losses since the last report
+    update_time, steps_since, updates_since = 0.0, 0, 0
+    tick = time.perf_counter()
+
+    for step in range(start, cfg.total_steps):
+        # --- rollout
+        if step < explore_until:
+            action = rng.uniform(low_np, high_np).astype(np.float32)
+        else:
+            with torch.no_grad():
+                sampled, _, _ = raw_actor.sample(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+            action = sampled[0].cpu().numpy()
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        buffer.add(obs, action, float(reward), next_obs, terminated)  # truncation still bootstraps from next_obs
+        ep_return += float(reward)
+        obs = next_obs  # CRUCIAL step easy to overlook (CleanRL)
+        if terminated or truncated:
+            ep_returns.append(ep_return)
+            episodes += 1
+            ep_return = 0.0
+            obs, _ = env.reset()
+        steps_since += 1
+
+        # --- update
+        if step >= explore_until:
+            t0 = time.perf_counter()
+            batch = buffer.sample(cfg.batch_size, rng, device)
+            logs = update_critic(agent, batch, td_target(agent, batch, cfg.gamma), cfg.grad_clip)
+            logs.update(update_actor_and_alpha(agent, batch.obs))
+            for k, v in logs.items():
+                sums[k] = sums.get(k, 0.0) + v
+            soft_update(agent.qf1_target, agent.qf1, cfg.tau)
+            soft_update(agent.qf2_target, agent.qf2, cfg.tau)
+            updates += 1
+            updates_since += 1
+            update_time += time.perf_counter() - t0
+
+        # --- log
+        done = step + 1
+        if done % cfg.eval_every != 0 and done != cfg.total_steps:
+            continue
+        loop_time = time.perf_counter() - tick
+        returns = evaluate(raw_actor, eval_env, cfg, device)
+        eval_return = float(np.mean(returns))
+        metrics: dict[str, Any] = {
+            "eval_return": eval_return,
+            "eval/return_std": float(np.std(returns)),
+            **{k: v / updates_since for k, v in sums.items()},  # means over the updates since the last report
+            "alpha": agent.alpha,
+            **rank_metrics(agent, buffer, cfg, done, device),
+            "critic/params": critic_params,
+            "critic/params_sna": sna_params,
+            "actor/params": count_params(raw_actor),
+            "perf/env_steps_per_s": steps_since / max(loop_time, 1e-9),
+            "perf/updates_per_s": updates_since / update_time if update_time > 0 else 0.0,
+            "step": done,
+            "updates": updates,
+            "episodes": episodes,
+        }
+        if ep_returns:
+            metrics["train/episode_return"] = float(np.mean(ep_returns))
+        table.append({**trial_row(cfg, critic_params), "step": done, "eval_return": eval_return})
+        metrics["table"] = TableRows(table)  # the whole curve so far: ASHA-stopped trials keep theirs too
+        state: dict[str, Any] = {
+            "model": {k: v.detach().clone() for k, v in raw_actor.state_dict().items()},
+            "agent": agent.state_dict(),
+            "step": done,
+            "updates": updates,
+            "episodes": episodes,
+            "table": [dict(r) for r in table],
+            "rng": rng_state(rng, device),
+            "config": dataclasses.asdict(cfg),
+        }
+        if cfg.checkpoint_buffer:
+            state["buffer"] = buffer.state_dict()
+        session.report(metrics, checkpoint=state)
+        ep_returns, sums, steps_since, updates_since, update_time = [], {}, 0, 0, 0.0
+        tick = time.perf_counter()
+    env.close()
+    eval_env.close()
+
+
+# --- summary artifacts (summarize is called by the worker with the table rows of every trial)
+
+TRIAL_KEYS = ("env_id", "critic", "rank", "critic_hidden", "critic_depth", "match_params", "seed")
+
+
+def trial_row(cfg: SacConfig, critic_params: int) -> dict[str, Any]:
+    return {**{k: getattr(cfg, k) for k in TRIAL_KEYS}, "critic_params": critic_params}
+
+
+def arm_label(row: dict[str, Any]) -> str:
+    if row["critic"] == "sna":
+        return f"sna R={row['rank']} ({row['critic_params']} params)"
+    if row["match_params"]:
+        return f"mlp ~ sna R={row['rank']} ({row['critic_params']} params)"
+    return f"mlp {row['critic_depth']}x{row['critic_hidden']} ({row['critic_params']} params)"
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
+    """Every trial's eval curve -> curves.csv (every row), final.csv (per arm: seeds, mean ± std of the last
+    and of the best eval_return, steps reached) and eval_return.png (mean ± std over seeds vs env steps)."""
+    import csv
+
+    from matplotlib.figure import Figure  # no pyplot: no global figure state, safe in a worker thread
+
+    if not rows:
+        raise ValueError("summarize: got no rows; pass the `table` metric of each trial, concatenated")
+    columns = (*TRIAL_KEYS, "critic_params", "step", "eval_return")
+    missing = [k for k in columns if k not in rows[0]]
+    if missing:
+        raise ValueError(f"summarize: rows lack {', '.join(missing)}; expected the `table` rows of sna.halfcheetah")
+    arms: dict[str, dict[int, dict[int, float]]] = {}  # label -> seed -> step -> eval_return
+    for r in rows:
+        arms.setdefault(arm_label(r), {}).setdefault(r["seed"], {})[r["step"]] = r["eval_return"]
+    final = []
+    for label, seeds in arms.items():
+        last = [curve[max(curve)] for curve in seeds.values()]
+        best = [max(curve.values()) for curve in seeds.values()]
+        final.append(
+            {"arm": label, "seeds": len(seeds), "last_mean": float(np.mean(last)), "last_std": float(np.std(last)),
+             "best_mean": float(np.mean(best)), "best_std": float(np.std(best)),
+             "steps_min": min(max(c) for c in seeds.values()), "steps_max": max(max(c) for c in seeds.values())}
+        )  # fmt: skip
+    files = {}
+    for name, fields, data in (("curves.csv", columns, rows), ("final.csv", list(final[0]), final)):
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(data)
+        files[name] = buf.getvalue().encode()
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for i, (label, seeds) in enumerate(sorted(arms.items())):
+        steps = sorted({s for curve in seeds.values() for s in curve})
+        # Mean over the seeds that reached each step (ASHA stops some early).
+        values = [[curve[s] for curve in seeds.values() if s in curve] for s in steps]
+        mean, std = np.array([np.mean(v) for v in values]), np.array([np.std(v) for v in values])
+        ax.plot(steps, mean, color=f"C{i % 10}", label=f"{label}, {len(seeds)} seeds")
+        ax.fill_between(steps, mean - std, mean + std, color=f"C{i % 10}", alpha=0.2)
+    ax.set(xlabel="environment steps", ylabel="deterministic eval return", title=str(rows[0]["env_id"]))
+    ax.legend(fontsize=7)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    files["eval_return.png"] = buf.getvalue()
+    return files
+
+
+TASK = Task(
+    name="sna.halfcheetah",
+    config=SacConfig,
+    train=train,
+    build_model=build_model,
+    example_input=example_input,
+    metrics=METRICS,
+    description="SAC on HalfCheetah-v5 with an SNA critic (V + A + rank-R bilinear) vs a size-matched MLP critic.",
+    summarize=summarize,
+)

@@ -1,0 +1,298 @@
+"""jobs/tasks/sna_halfcheetah.py: the SAC pieces against explicit formulas (TD target, Polyak, clipping, α's
+direction), the replay ring, a short HalfCheetah run that updates and evaluates, resume after a crash with the
+counters continuing, the summary artifacts and the sweep files."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from pydantic import TypeAdapter, ValidationError
+
+from jobs.config import field_docs
+from jobs.layers.sac_actor import SquashedGaussianActor
+from jobs.layers.separable import count_params
+from jobs.registry import get_task
+from jobs.runtime import LocalSession
+from jobs.tasks.sna_halfcheetah import (
+    TASK,
+    Agent,
+    Batch,
+    ReplayBuffer,
+    SacConfig,
+    build_critic,
+    build_model,
+    critic_loss,
+    make_agent,
+    soft_update,
+    summarize,
+    td_target,
+    train,
+    update_actor_and_alpha,
+    update_critic,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+CPU = torch.device("cpu")
+PENDULUM = SacConfig(
+    env_id="Pendulum-v1", critic_hidden=32, actor_hidden=32, rank=4, batch_size=64, total_steps=400,
+    learning_starts=100, eval_every=200, eval_episodes=1, q_lr=1e-3,
+)  # fmt: skip
+# A few hundred HalfCheetah steps with small networks: 2 reports, 200 updates, 1000-step evaluations.
+CHEETAH = SacConfig(
+    critic_hidden=32, critic_depth=1, actor_hidden=32, rank=4, batch_size=32, total_steps=300, learning_starts=100,
+    eval_every=150, eval_episodes=1, rank_batch=16,
+)  # fmt: skip
+
+
+def _pendulum_batch(n: int = 256, seed: int = 0) -> Batch:
+    """Transitions of uniform-random actions on Pendulum-v1 (rewards in [-16.3, 0], never terminal)."""
+    env, rng = gym.make("Pendulum-v1"), np.random.default_rng(seed)
+    buffer = ReplayBuffer(n, 3, 1)
+    obs, _ = env.reset(seed=seed)
+    for _ in range(n):
+        action = rng.uniform(-2, 2, size=1).astype(np.float32)
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        buffer.add(obs, action, float(reward), next_obs, terminated)
+        obs = env.reset()[0] if terminated or truncated else next_obs
+    return Batch(*(torch.as_tensor(buffer.arrays[k]) for k in ReplayBuffer.FIELDS))
+
+
+def _agent(cfg: SacConfig = PENDULUM, seed: int = 0) -> Agent:
+    torch.manual_seed(seed)
+    return make_agent(cfg, build_model(cfg), CPU)
+
+
+def test_registered_policy_and_example_input() -> None:
+    assert get_task("sna.halfcheetah") is TASK and TASK.summarize is summarize
+    cfg = SacConfig()
+    assert cfg.env_id == "HalfCheetah-v5"
+    actor = build_model(cfg)
+    assert isinstance(actor, SquashedGaussianActor)
+    x = TASK.example_input(cfg)
+    assert x.dtype == torch.float32 and x.shape == (8, 17)
+    action = actor(x)
+    assert action.shape == (8, 6) and bool((action.abs() <= 1).all())
+
+
+def test_config_fields_have_defaults_and_docstrings() -> None:
+    docs = field_docs(SacConfig)
+    for f in dataclasses.fields(SacConfig):
+        assert f.default is not dataclasses.MISSING and docs.get(f.name), f"{f.name}: no default or docstring"
+    assert TypeAdapter(SacConfig).validate_python({"critic": "mlp", "rank": 8}) == SacConfig(critic="mlp", rank=8)
+    assert SacConfig().capacity == 100_000 and SacConfig(buffer_size=50).capacity == 50
+
+
+@pytest.mark.parametrize(
+    "params,message",
+    [
+        ({"env_id": "HalfCheetah-v9"}, r"^env_id: 'HalfCheetah-v9' is not a registered .* HalfCheetah-v5"),
+        ({"env_id": "Nope-v0"}, r"^env_id: 'Nope-v0' is not a registered gymnasium environment; e.g. HalfCheetah"),
+        ({"learning_starts": 100, "total_steps": 100}, r"^learning_starts: must be < total_steps \(100\), got 100"),
+        ({"eval_every": 200, "total_steps": 100, "learning_starts": 10}, r"^eval_every: must be <= total_steps"),
+        ({"critic": "dueling"}, r"^critic: must be one of 'mlp', 'sna'"),
+        ({"rank": 0}, r"^rank: must be >= 1, got 0"),
+        ({"grad_clip": -1.0}, r"^grad_clip: must be >= 0"),
+    ],
+)
+def test_config_errors_name_the_field(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SacConfig(**params)
+    with pytest.raises((ValidationError, ValueError)):
+        TypeAdapter(SacConfig).validate_python(params)
+
+
+def test_replay_buffer_is_a_ring_and_round_trips() -> None:
+    buffer, kept = ReplayBuffer(5, 2, 1), []
+    for t in range(8):  # 8 writes into 5 slots: the first 3 are overwritten
+        buffer.add([t, -t], [0.5 * t], float(t), [t + 1, -t - 1], t == 7)
+        kept = ([*kept, t])[-5:]
+    assert buffer.size == 5 and buffer.pos == 3
+    assert sorted(buffer.arrays["rewards"][:, 0].tolist()) == kept
+    assert buffer.arrays["terminated"][:, 0].tolist() == [0, 0, 1, 0, 0]  # t = 5, 6, 7, 3, 4
+    batch = buffer.sample(100, np.random.default_rng(0), CPU)
+    assert torch.equal(batch.obs[:, 0], batch.rewards[:, 0]) and torch.equal(batch.next_obs[:, 0], batch.obs[:, 0] + 1)
+    assert set(batch.rewards[:, 0].tolist()) == set(map(float, kept))  # only live transitions are drawn
+    copy = ReplayBuffer(5, 2, 1)
+    copy.load_state_dict(buffer.state_dict())
+    assert copy.pos == 3 and all(np.array_equal(copy.arrays[k], buffer.arrays[k]) for k in ReplayBuffer.FIELDS)
+
+
+def test_td_target_matches_an_explicit_loop() -> None:
+    agent, batch, gamma = _agent(), _pendulum_batch(32), 0.9
+    batch.terminated[::3] = 1.0  # some terminal transitions: those must not bootstrap
+    with torch.no_grad():
+        agent.log_alpha.fill_(np.log(0.37))
+    torch.manual_seed(5)
+    got = td_target(agent, batch, gamma)
+    torch.manual_seed(5)  # the same a' ~ π(·|s')
+    with torch.no_grad():
+        next_actions, next_log_pi, _ = agent.actor.sample(batch.next_obs)
+        for i in range(32):
+            s, a = batch.next_obs[i : i + 1], next_actions[i : i + 1]
+            soft_q = min(agent.qf1_target(s, a).item(), agent.qf2_target(s, a).item()) - 0.37 * next_log_pi[i].item()
+            expected = batch.rewards[i].item() + (0.0 if i % 3 == 0 else gamma * soft_q)
+            assert got[i, 0].item() == pytest.approx(expected, rel=1e-4, abs=1e-4), i
+
+
+def test_critic_updates_lower_the_loss_on_a_fixed_batch_with_clipped_gradients() -> None:
+    agent, batch = _agent(), _pendulum_batch(256)
+    target = td_target(agent, batch, 0.99)  # fixed: only the critics move
+    before = critic_loss(agent, batch, target)[0].item()
+    # The unclipped gradient norm, measured separately: rewards down to -16 make it far above 1.
+    agent.q_optimizer.zero_grad()
+    critic_loss(agent, batch, target)[0].backward()
+    raw_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in agent.critic_params()])).item()
+    update_critic(agent, batch, target, grad_clip=1.0)
+    clipped = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in agent.critic_params()])).item()
+    assert raw_norm > 5 and clipped == pytest.approx(1.0, rel=1e-4), (raw_norm, clipped)
+    for _ in range(59):
+        update_critic(agent, batch, target, grad_clip=1.0)
+    after = critic_loss(agent, batch, target)[0].item()
+    assert after < 0.5 * before, (before, after)
+
+
+def test_polyak_average_is_tau_source_plus_one_minus_tau_target() -> None:
+    agent = _agent()
+    update_critic(agent, _pendulum_batch(64), td_target(agent, _pendulum_batch(64), 0.99), 1.0)  # qf1 != target now
+    old = [p.clone() for p in agent.qf1_target.parameters()]
+    soft_update(agent.qf1_target, agent.qf1, 0.1)
+    for t_old, t, s in zip(old, agent.qf1_target.parameters(), agent.qf1.parameters(), strict=True):
+        assert torch.allclose(t, 0.1 * s + 0.9 * t_old, atol=1e-7)
+    assert any(not torch.equal(a, b) for a, b in zip(old, agent.qf1_target.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("target_entropy,direction", [(10.0, 1), (-100.0, -1)])
+def test_entropy_tuning_moves_alpha_towards_the_target(target_entropy: float, direction: int) -> None:
+    # A 1-D Pendulum policy at init has entropy around 1 nat: far below +10 (α must grow to raise the entropy),
+    # far above -100 (α must shrink).
+    agent = _agent()
+    agent.target_entropy = target_entropy
+    obs = _pendulum_batch(64).obs
+    actor_before = [p.clone() for p in agent.actor.parameters()]
+    alphas = [agent.alpha]
+    for _ in range(5):
+        logs = update_actor_and_alpha(agent, obs)
+        alphas.append(agent.alpha)
+    assert all((b - a) * direction > 0 for a, b in zip(alphas, alphas[1:], strict=False)), alphas
+    assert "losses/alpha" in logs and "losses/actor" in logs
+    assert any(not torch.equal(a, b) for a, b in zip(actor_before, agent.actor.parameters(), strict=True))
+    assert all(p.requires_grad for p in agent.critic_params())  # the actor step handed the critics back
+
+
+def test_fixed_alpha_without_autotune() -> None:
+    agent = _agent(dataclasses.replace(PENDULUM, autotune=False, alpha=0.05))
+    update_actor_and_alpha(agent, _pendulum_batch(16).obs)
+    assert agent.alpha_optimizer is None and agent.alpha == pytest.approx(0.05)
+
+
+class _Crash(Exception):
+    pass
+
+
+class CrashingSession(LocalSession):
+    def __init__(self, crash_at: int) -> None:
+        super().__init__(quiet=True)
+        self.crash_at = crash_at
+
+    def report(self, metrics: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> None:
+        super().report(metrics, checkpoint)
+        if metrics["step"] >= self.crash_at:
+            raise _Crash
+
+
+def _run(cfg: SacConfig, checkpoint: dict[str, Any] | None = None) -> LocalSession:
+    session = LocalSession(checkpoint=checkpoint, quiet=True)
+    train(cfg, session)
+    return session
+
+
+@pytest.mark.parametrize("critic", ["sna", "mlp"])
+def test_short_halfcheetah_run_updates_evaluates_and_resumes(critic: str) -> None:
+    cfg = dataclasses.replace(CHEETAH, critic=critic)
+    crashed = CrashingSession(crash_at=150)
+    with pytest.raises(_Crash):
+        train(cfg, crashed)
+    first = crashed.history[0]
+    ckpt = crashed.last_checkpoint
+    assert ckpt is not None and ckpt["step"] == 150 and ckpt["updates"] == 50 and ckpt["buffer"]["size"] == 150
+    assert first["step"] == 150 and first["updates"] == 50  # updates start after learning_starts = 100
+    assert np.isfinite(first["eval_return"]) and np.isfinite(first["losses/critic"])
+    assert first["critic/params"] == count_params(build_critic(cfg))
+    if critic == "sna":
+        assert first["critic/params"] == first["critic/params_sna"] and 1 <= first["critic/effective_rank"] <= 4
+    else:
+        assert abs(first["critic/params"] - first["critic/params_sna"]) / first["critic/params_sna"] < 0.03
+        assert "critic/effective_rank" not in first
+    assert first["critic/interaction_rank"] >= 0 and first["perf/env_steps_per_s"] > 0
+    # The policy that was checkpointed moved away from its init: optimizer steps happened.
+    torch.manual_seed(cfg.seed)
+    init = build_model(cfg).state_dict()
+    assert any(not torch.equal(init[k], v) for k, v in ckpt["model"].items())
+
+    resumed = _run(cfg, checkpoint=ckpt)
+    assert [h["step"] for h in resumed.history] == [300]  # continues at 150, not from 0
+    last = resumed.history[-1]
+    assert last["updates"] == 200 and last["episodes"] == 0  # HalfCheetah episodes are 1000 steps long
+    assert [r["step"] for r in last["table"]] == [150, 300]  # the curve carries over
+    adam_steps = {int(s["step"]) for s in resumed.last_checkpoint["agent"]["q_optimizer"]["state"].values()}
+    assert adam_steps == {200}  # the critics' Adam state continued from its 50 steps
+    assert resumed.last_checkpoint["buffer"]["size"] == 300
+
+
+def test_resume_without_a_saved_buffer_explores_again_before_updating() -> None:
+    cfg = dataclasses.replace(CHEETAH, checkpoint_buffer=False)
+    crashed = CrashingSession(crash_at=150)
+    with pytest.raises(_Crash):
+        train(cfg, crashed)
+    assert crashed.last_checkpoint is not None and "buffer" not in crashed.last_checkpoint
+    resumed = _run(cfg, checkpoint=crashed.last_checkpoint)
+    # 50 updates before the crash; after it, 100 random steps (150..249) refill the buffer, then 50 updates.
+    assert resumed.history[-1]["updates"] == 100
+
+
+def _rows() -> list[dict[str, Any]]:
+    rows = []
+    for critic, params, returns in (("sna", 1000, [[10.0, 30.0], [20.0, 50.0]]), ("mlp", 990, [[5.0, 7.0], [9.0]])):
+        for seed, curve in enumerate(returns):
+            for i, value in enumerate(curve):
+                rows.append(
+                    {"env_id": "HalfCheetah-v5", "critic": critic, "rank": 8, "critic_hidden": 64, "critic_depth": 2,
+                     "match_params": True, "seed": seed, "critic_params": params, "step": 1000 * (i + 1),
+                     "eval_return": value, "total_steps": 2000}  # + the trial config merged in by the worker
+                )  # fmt: skip
+    return rows
+
+
+def test_summarize_writes_curves_final_table_and_plot() -> None:
+    files = summarize(_rows())
+    assert set(files) == {"curves.csv", "final.csv", "eval_return.png"}
+    assert files["eval_return.png"].startswith(b"\x89PNG\r\n\x1a\n")
+    final = {r["arm"]: r for r in csv.DictReader(io.StringIO(files["final.csv"].decode()))}
+    sna, mlp = final["sna R=8 (1000 params)"], final["mlp ~ sna R=8 (990 params)"]
+    assert sna["seeds"] == "2" and float(sna["last_mean"]) == 40.0 and float(sna["last_std"]) == 10.0
+    assert float(mlp["last_mean"]) == 8.0 and mlp["steps_min"] == "1000" and mlp["steps_max"] == "2000"
+    assert len(list(csv.DictReader(io.StringIO(files["curves.csv"].decode())))) == 7
+    with pytest.raises(ValueError, match="got no rows"):
+        summarize([])
+    with pytest.raises(ValueError, match="rows lack eval_return"):
+        summarize([{k: v for k, v in _rows()[0].items() if k != "eval_return"}])
+
+
+@pytest.mark.parametrize("path,trials", [("sweeps/sna_halfcheetah.yaml", 30), ("sweeps/gpu/sna_halfcheetah.yaml", 30)])
+def test_sweep_files_validate(path: str, trials: int) -> None:
+    spec_module = pytest.importorskip("service.spec")
+    spec = spec_module.parse_spec((REPO / path).read_text())
+    assert spec.task == "sna.halfcheetah" and spec.metric.name == "eval_return" and spec.metric.mode == "max"
+    assert spec.trials_total == trials and spec.scheduler.type == "asha"
+    cfg = TASK.make_config(spec.params)
+    assert spec.scheduler.max_t == -(-cfg.total_steps // cfg.eval_every)  # one ASHA iteration per evaluation
+    assert spec.space["rank"].grid == [8, 32, 128] and spec.space["critic"].grid == ["mlp", "sna"]
+    assert spec.space["seed"].grid == [0, 1, 2, 3, 4]

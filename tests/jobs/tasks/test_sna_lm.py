@@ -1,0 +1,127 @@
+"""jobs/tasks/sna_lm.py: the character corpus, the two models, a tiny run that learns, resume after a crash."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pydantic import TypeAdapter, ValidationError
+
+from jobs.config import field_docs
+from jobs.data.text import load_pydoc
+from jobs.layers.separable_attention import KernelCausalSelfAttention
+from jobs.registry import get_task
+from jobs.runtime import LocalSession
+from jobs.tasks.sna_lm import ALPHABET, TASK, SnaLmConfig, build_model, load_chars, train
+
+REPO = Path(__file__).resolve().parents[3]
+TINY = SnaLmConfig(
+    n_layer=1, n_embd=32, n_head=2, rank=8, block_size=32, batch_size=8, max_steps=30, eval_every=15,
+    warmup_steps=3, eval_batches=2,
+)  # fmt: skip
+
+
+def _run(cfg: SnaLmConfig, checkpoint: dict[str, Any] | None = None) -> LocalSession:
+    session = LocalSession(checkpoint=checkpoint, quiet=True)
+    train(cfg, session)
+    return session
+
+
+def test_registered_and_config_documented() -> None:
+    assert get_task("sna.lm") is TASK
+    docs = field_docs(SnaLmConfig)
+    for f in dataclasses.fields(SnaLmConfig):
+        assert f.default is not dataclasses.MISSING and docs.get(f.name), f"{f.name}: no default or docstring"
+    x = TASK.example_input(TINY)
+    assert x.dtype == torch.long and build_model(TINY)(x).shape == (1, 8, len(ALPHABET))
+
+
+@pytest.mark.parametrize(
+    "params,message",
+    [
+        ({"n_embd": 30, "n_head": 4}, r"^n_embd: must be divisible by n_head \(4\), got 30"),
+        ({"attention": "local"}, r"^attention: must be one of 'separable', 'softmax', got 'local'"),
+        ({"max_steps": 10, "eval_every": 20}, r"^eval_every: must be <= max_steps \(10\), got 20"),
+        ({"rank": 0}, r"^rank: must be > 0, got 0"),
+    ],
+)
+def test_config_errors_name_the_field(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SnaLmConfig(**params)
+    with pytest.raises(ValidationError):
+        TypeAdapter(SnaLmConfig).validate_python(params)
+
+
+def test_characters_are_the_pydoc_corpus() -> None:
+    chars = load_chars()
+    pydoc = load_pydoc()
+    for split, ids in chars.items():
+        text = "".join(ALPHABET[i] for i in ids.tolist())
+        assert text == "\n".join(" ".join(words) for words in pydoc[split])
+    assert 300_000 < len(chars["train"]) and 10_000 < len(chars["valid"]) < len(chars["train"]) // 10
+    assert set(chars["train"].tolist()) == set(range(len(ALPHABET)))
+
+
+@pytest.mark.parametrize("rank", [4, 16, 64])
+def test_models_differ_only_in_the_attention_kernel(rank: int) -> None:
+    soft = build_model(dataclasses.replace(TINY, attention="softmax", rank=rank))
+    sep = build_model(dataclasses.replace(TINY, rank=rank))
+    kernels = {(b.attn.kernel, b.attn.rank) for m in (soft, sep) for b in m.transformer.h}
+    assert all(isinstance(b.attn, KernelCausalSelfAttention) for m in (soft, sep) for b in m.transformer.h)
+    assert kernels == {("softmax", rank), ("separable", rank)}
+    assert soft.num_params() == sep.num_params()
+    assert {n for n, _ in soft.named_parameters()} == {n for n, _ in sep.named_parameters()}
+    gpt_width = build_model(dataclasses.replace(TINY, rank=16))  # rank = head size 32 / 2: GPT's own attention
+    assert sep.num_params() - gpt_width.num_params() == 2 * 2 * (rank - 16) * (32 + 1)  # q and k, 2 heads
+
+
+@pytest.mark.parametrize("attention", ["separable", "softmax"])
+def test_tiny_run_learns_characters(attention: str) -> None:
+    cfg = dataclasses.replace(TINY, attention=attention)  # type: ignore[arg-type]
+    session = _run(cfg)
+    assert [h["step"] for h in session.history] == [15, 30]
+    first, last = session.history
+    uniform = math.log2(len(ALPHABET))  # 4.91 bits: what an untrained model scores
+    assert last["val/bpc"] < 0.9 * uniform and last["train/loss"] < first["train/loss"], session.history
+    assert last["val/bpc"] == pytest.approx(last["val/loss"] / math.log(2))
+    assert last["tokens_per_s"] > 0 and last["params/total"] == build_model(cfg).num_params()
+    ckpt = session.last_checkpoint
+    assert ckpt is not None and set(ckpt) == {"model", "optimizer", "step", "config", "alphabet"}
+    build_model(cfg).load_state_dict(ckpt["model"])
+
+
+class _Crash(Exception):
+    pass
+
+
+class CrashingSession(LocalSession):
+    def report(self, metrics: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> None:
+        super().report(metrics, checkpoint)
+        raise _Crash
+
+
+def test_resume_continues_where_the_checkpoint_left_off() -> None:
+    crashed = CrashingSession(quiet=True)
+    with pytest.raises(_Crash):
+        train(TINY, crashed)
+    assert crashed.last_checkpoint is not None and crashed.last_checkpoint["step"] == 15
+    resumed = _run(TINY, checkpoint=crashed.last_checkpoint)
+    full = _run(TINY)
+    assert [h["step"] for h in resumed.history] == [30]
+
+    def strip(h: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in h.items() if k != "tokens_per_s"}
+
+    assert strip(resumed.history[0]) == strip(full.history[1])
+
+
+@pytest.mark.parametrize("path,trials", [("sweeps/sna_lm.yaml", 30), ("sweeps/gpu/sna_lm.yaml", 8)])
+def test_sweep_files_validate(path: str, trials: int) -> None:
+    spec_module = pytest.importorskip("service.spec")
+    spec = spec_module.parse_spec((REPO / path).read_text())
+    assert spec.task == "sna.lm" and spec.metric.name == "val/bpc" and spec.trials_total == trials
+    SnaLmConfig(**{k: v for k, v in spec.params.items()})  # the fixed params make a valid config
