@@ -21,6 +21,8 @@ _TASK_MODULES: dict[str, str] = {
     "memory.capacity": "jobs.tasks.memory_capacity:TASK",
     "memory.hopfield": "jobs.tasks.memory_hopfield:TASK",
     "memory.neurons": "jobs.tasks.memory_neurons:TASK",
+    "symbolic.prop": "jobs.tasks.symbolic_prop:TASK",
+    "symbolic.ltl": "jobs.tasks.symbolic_ltl:TASK",
     "sna.halfcheetah": "jobs.tasks.sna_halfcheetah:TASK",
     "sna.lorenz": "jobs.tasks.sna_lorenz:TASK",
     "sna.lm": "jobs.tasks.sna_lm:TASK",

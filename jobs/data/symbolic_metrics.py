@@ -1,0 +1,97 @@
+"""Metrics of the symbolic tasks (models.md B.5): Correct, Exact and alpha-covariance.
+
+- Correct: the fraction of predictions that are semantically valid witnesses (outcome exact or correct,
+  jobs/data/checkers.py). Exact: the fraction identical to the reference target.
+- Alpha-covariance of one input x with n distinct symbols (Işık et al. 2025, `resymbolize_eval.py`, there
+  called TRC): run the model on m renamings f_1..f_m of x, map every prediction back to x's names with f_i⁻¹,
+  count the distinct results u (token sequences compared exactly), and score 1 - (u - 1) / (m - 1):
+  1 when all m agree, 0 when all differ. alpha_cov_n is its mean over inputs with exactly n symbols.
+  The renamings here are the n! permutations of x's own names (identity first; at most `limit`, a seeded
+  sample beyond that). ITE renames into the whole AP vocabulary (P(V, n) maps), but our encoding sees a
+  name only through its rank among the example's names (stream k = k-th name in sorted order), so every
+  such map gives the same model input as one of the n! permutations: the extra maps would only repeat
+  inputs and push the score towards 1. With 5 APs and n = 5 the two sets are the same 120 renamings.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from jobs.data.checkers import Outcome, is_correct
+from jobs.data.symbolic import SymbolicExample, rename
+
+
+def correct_rate(outcomes: Sequence[Outcome]) -> float:
+    return sum(is_correct(o) for o in outcomes) / len(outcomes) if outcomes else math.nan
+
+
+def exact_rate(outcomes: Sequence[Outcome]) -> float:
+    return sum(o == "exact" for o in outcomes) / len(outcomes) if outcomes else math.nan
+
+
+def renamings(symbols: Sequence[str], limit: int = 120, seed: int = 0) -> list[dict[str, str]]:
+    """Permutations of the names as maps old -> new, the identity first; at most `limit` (then the identity
+    and a sample drawn with `seed`)."""
+    if limit < 2:
+        raise ValueError(f"limit: alpha-covariance needs at least 2 renamings, got {limit}")
+    names = list(symbols)
+    if math.factorial(len(names)) <= limit:
+        perms = list(itertools.permutations(names))
+    else:
+        rng = random.Random(seed)
+        chosen = {tuple(names)}
+        while len(chosen) < limit:
+            chosen.add(tuple(rng.sample(names, len(names))))
+        perms = [tuple(names), *sorted(chosen - {tuple(names)})]
+    return [dict(zip(names, p, strict=True)) for p in perms]
+
+
+def rename_tokens(tokens: Iterable[str], mapping: Mapping[str, str]) -> list[str]:
+    return [mapping.get(t, t) for t in tokens]
+
+
+def inverse(mapping: Mapping[str, str]) -> dict[str, str]:
+    back = {v: k for k, v in mapping.items()}
+    if len(back) != len(mapping):
+        raise ValueError(f"mapping: a renaming must be injective, got {dict(mapping)}")
+    return back
+
+
+def alpha_covariance(predictions: Sequence[Sequence[str]], mappings: Sequence[Mapping[str, str]]) -> float:
+    """1 - (u - 1) / (m - 1) over the m predictions for the m renamed inputs, each mapped back (module
+    docstring); predictions[i] is in the names of the i-th renamed input."""
+    if len(predictions) != len(mappings) or len(predictions) < 2:
+        raise ValueError(
+            f"predictions and mappings: need the same number (>= 2), got {len(predictions)} and {len(mappings)}"
+        )
+    back = {tuple(rename_tokens(p, inverse(f))) for p, f in zip(predictions, mappings, strict=True)}
+    return 1 - (len(back) - 1) / (len(predictions) - 1)
+
+
+def alpha_covariance_by_count(
+    predict: Callable[[list[SymbolicExample]], list[list[str]]],
+    examples: Sequence[SymbolicExample],
+    counts: Sequence[int] = (3, 4, 5),
+    per_count: int = 4,
+    limit: int = 120,
+    seed: int = 0,
+) -> dict[int, float]:
+    """alpha_cov_n for each n in `counts`: the mean over the first `per_count` examples with exactly n symbols
+    (NaN if there is none). `predict` maps examples to predicted tokens in each example's own names; it is
+    called once, on every renaming of every chosen example (one batched decoding pass)."""
+    groups: list[tuple[int, list[dict[str, str]]]] = []
+    renamed: list[SymbolicExample] = []
+    for n in counts:
+        for ex in [e for e in examples if len(e.symbols) == n][:per_count]:
+            maps = renamings(ex.symbols, limit, seed)
+            groups.append((n, maps))
+            renamed += [rename(ex, f) for f in maps]
+    predictions = iter(predict(renamed) if renamed else [])
+    scores: dict[int, list[float]] = {n: [] for n in counts}
+    for n, maps in groups:
+        scores[n].append(alpha_covariance([next(predictions) for _ in maps], maps))
+    return {n: statistics.fmean(v) if v else math.nan for n, v in scores.items()}

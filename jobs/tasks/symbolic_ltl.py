@@ -1,0 +1,76 @@
+"""LTL satisfiability witnesses with the symbol-invariant transformer and its baselines: the SIT paper's
+LTLRandom35 experiment (models.md B), sized down for a CPU by default.
+
+Data (jobs/data/ltl.py, needs spot: `pip install spottl`): satisfiable LTL formulas in prefix notation over
+up to 5 atomic propositions, size <= 35, each with a lasso trace from spot (`& a ! b ; { c }`); traces longer
+than `max_trace_tokens` are left out. Predictions are checked with spot (the trace's language must be
+included in the formula's; jobs/data/checkers.py). Everything else (variants, training, Correct / Exact /
+alpha-covariance, checkpoints, the report) is symbolic.prop's: see jobs/tasks/symbolic_prop.py. The
+`derived` and `target_order` fields are propositional only and ignored here.
+
+SIT's released LTL run turns decoder aggregation off (`--no-dec-agg`, variant "-DA"): on LTL the bottleneck is
+temporal reasoning, not relations between APs (models.md B.2).
+
+Run alone: `python -m jobs run symbolic.ltl --set variant=-DA --set steps=200`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jobs.data import ltl
+from jobs.data.checkers import check_trace
+from jobs.data.symbolic import SymbolicExample
+from jobs.registry import Task
+from jobs.runtime import Session
+from jobs.tasks.symbolic_prop import (
+    METRICS,
+    PackedSymbolic,
+    SymbolicConfig,
+    SymbolicData,
+    build_for,
+    example_for,
+    run,
+    summarize,
+)
+
+
+def _generate_ltl(cfg: SymbolicConfig, count: int, seed: int) -> list[SymbolicExample]:
+    return ltl.generate(
+        count, seed, num_aps=cfg.num_symbols, max_size=cfg.max_size, max_trace_tokens=cfg.max_trace_tokens
+    )
+
+
+LTL = SymbolicData(
+    name="ltl",
+    vocab=ltl.LTL_VOCAB,
+    arity=ltl.ARITY,
+    generate=_generate_ltl,
+    check=check_trace,
+    max_target_tokens=lambda cfg: cfg.max_trace_tokens,
+    examples=(("U", "a", "X", "b"), ("&", "a", "X", "!", "b")),
+)
+
+
+def build_model(cfg: SymbolicConfig) -> PackedSymbolic:
+    return build_for(cfg, LTL)
+
+
+def example_input(cfg: SymbolicConfig) -> torch.Tensor:
+    return example_for(LTL)
+
+
+def train(cfg: SymbolicConfig, session: Session) -> None:
+    run(cfg, session, LTL)
+
+
+TASK = Task(
+    name="symbolic.ltl",
+    config=SymbolicConfig,
+    train=train,
+    build_model=build_model,
+    example_input=example_input,
+    metrics=METRICS,
+    description="Symbol-invariant transformer vs baselines on LTL trace witnesses (spot): Correct, Exact, α-cov.",
+    summarize=summarize,
+)

@@ -1,0 +1,94 @@
+"""jobs/data/symbolic_metrics.py on hand-made predictions: alpha-covariance, Correct and Exact."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from jobs.data.checkers import check_assignment
+from jobs.data.propositional import PROP_VOCAB
+from jobs.data.symbolic import SymbolicExample, make_example
+from jobs.data.symbolic_metrics import (
+    alpha_covariance,
+    alpha_covariance_by_count,
+    correct_rate,
+    exact_rate,
+    inverse,
+    rename_tokens,
+    renamings,
+)
+
+
+def test_renamings_are_the_permutations_identity_first() -> None:
+    maps = renamings(["a", "b", "c"])
+    assert len(maps) == 6 and maps[0] == {"a": "a", "b": "b", "c": "c"}
+    assert {tuple(m.values()) for m in maps} == {
+        ("a", "b", "c"), ("a", "c", "b"), ("b", "a", "c"), ("b", "c", "a"), ("c", "a", "b"), ("c", "b", "a")
+    }  # fmt: skip
+    assert len(renamings(list("abcde"))) == 120 and len(renamings(list("abcdef"), limit=50)) == 50
+    sample = renamings(list("abcdef"), limit=50, seed=1)
+    assert sample[0] == {c: c for c in "abcdef"} and len({tuple(m.values()) for m in sample}) == 50
+    assert sample == renamings(list("abcdef"), limit=50, seed=1)
+    with pytest.raises(ValueError, match="limit: alpha-covariance needs at least 2 renamings"):
+        renamings(["a", "b"], limit=1)
+
+
+def test_all_equal_predictions_give_one_and_all_distinct_give_zero() -> None:
+    maps = renamings(["a", "b", "c"])
+    # An equivariant predictor: its answer for the renamed input is the renamed answer -> one class.
+    same = [rename_tokens(["a", "1", "c", "0"], m) for m in maps]
+    assert alpha_covariance(same, maps) == 1.0
+    # Always the literal string "a 1": mapped back it names a different variable under 4 of the 6 maps.
+    fixed_answer = [["a", "1"]] * 6
+    back = {tuple(rename_tokens(["a", "1"], inverse(m))) for m in maps}
+    assert len(back) == 3 and alpha_covariance(fixed_answer, maps) == 1 - 2 / 5
+    distinct = [[f"{i}"] for i in range(6)]  # six different answers
+    assert alpha_covariance(distinct, maps) == 0.0
+
+
+def test_partial_agreement_follows_the_formula() -> None:
+    maps = renamings(["p", "q"])  # identity and the swap
+    assert alpha_covariance([["p", "1"], ["q", "1"]], maps) == 1.0  # the swap's q is the original p
+    assert alpha_covariance([["p", "1"], ["p", "1"]], maps) == 0.0
+    maps5 = renamings(list("abcd"))[:5]
+    preds = [rename_tokens(["a"], m) for m in maps5[:3]] + [["x"], ["y"]]
+    assert alpha_covariance(preds, maps5) == pytest.approx(1 - (3 - 1) / (5 - 1))
+    with pytest.raises(ValueError, match="need the same number"):
+        alpha_covariance([["a"]], maps[:1])
+
+
+def test_correct_and_exact_rates_on_hand_cases() -> None:
+    f = ["|", "a", "b"]
+    target = ["a", "1"]
+    outcomes = [
+        check_assignment(f, ["a", "1"], target),  # exact
+        check_assignment(f, ["b", "1"], target),  # correct, not exact
+        check_assignment(f, ["a", "0"], target),  # incorrect
+        check_assignment(f, ["a"], target),  # invalid
+    ]
+    assert outcomes == ["exact", "correct", "incorrect", "invalid"]
+    assert correct_rate(outcomes) == 0.5 and exact_rate(outcomes) == 0.25
+    assert math.isnan(correct_rate([])) and math.isnan(exact_rate([]))
+
+
+def test_alpha_covariance_by_count_regroups_the_renamings() -> None:
+    examples = [
+        make_example(["&", "a", "|", "b", "c"], ["a", "1"], PROP_VOCAB),
+        make_example(["&", "p", "|", "q", "&", "r", "s"], ["p", "1"], PROP_VOCAB),
+    ]
+    calls: list[int] = []
+
+    def first_variable(xs: list[SymbolicExample]) -> list[list[str]]:  # equivariant: renames with its input
+        calls.append(len(xs))
+        return [[x.src[1], "1"] for x in xs]
+
+    scores = alpha_covariance_by_count(first_variable, examples)
+    assert scores[3] == scores[4] == 1.0 and math.isnan(scores[5])  # no example with 5 symbols
+    assert calls == [6 + 24]  # one batched call over every renaming
+
+    def smallest_name(xs: list[SymbolicExample]) -> list[list[str]]:  # follows the names, not the structure
+        return [[x.symbols[0], "1"] for x in xs]
+
+    scores = alpha_covariance_by_count(smallest_name, examples, counts=(3, 4))
+    assert scores == {3: 1 - (3 - 1) / (6 - 1), 4: 1 - (4 - 1) / (24 - 1)}  # every variable gets named once

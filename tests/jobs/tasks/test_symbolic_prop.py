@@ -1,0 +1,247 @@
+"""jobs/tasks/symbolic_prop.py: config, a tiny run that trains and reports every metric, the registered model's
+one-tensor path checked against the reported Correct / Exact, resume after a crash, and the sweep report."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pydantic import TypeAdapter, ValidationError
+
+from jobs.config import field_docs
+from jobs.data.checkers import check_assignment
+from jobs.data.symbolic import EOS_ID, PAD_ID, collate, decode
+from jobs.registry import get_task
+from jobs.runtime import LocalSession
+from jobs.tasks.symbolic_prop import (
+    METRICS,
+    PROP,
+    TASK,
+    PackedSymbolic,
+    SymbolicConfig,
+    build_model,
+    example_input,
+    make_data,
+    summarize,
+    train,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+# ~2-5 s per run on one loaded core: formulas up to 20 tokens, a 1+1-layer model of width 16.
+TINY = SymbolicConfig(
+    d_model=16, heads=2, ff=32, layers=1, dropout=0.0, max_size=20, train_examples=300, test_examples=30,
+    batch_size=16, steps=12, eval_every=6, warmup_steps=2, lr=3e-3, alpha_examples=1, eval_batch_size=64,
+)  # fmt: skip
+TIMING = ("train_seconds", "eval_seconds", "data_seconds")
+
+
+def _run(cfg: SymbolicConfig, checkpoint: dict[str, Any] | None = None) -> LocalSession:
+    session = LocalSession(checkpoint=checkpoint, quiet=True)
+    train(cfg, session)
+    return session
+
+
+def test_registered_model_takes_and_gives_one_tensor() -> None:
+    assert get_task("symbolic.prop") is TASK and TASK.summarize is summarize
+    x = example_input(TINY)
+    assert x.dtype == torch.float32 and x.shape == (2, 5, 2)  # `& a ! b`, `xor a <-> b c`
+    assert x[0, :, 1].tolist() == [-1, 0, -1, 1, -1] and x[0, 4, 0] == PAD_ID  # padding: (PAD, -1)
+    model = build_model(TINY)
+    assert isinstance(model, PackedSymbolic) and model.transformer.config.vocab_size == len(PROP.vocab)
+    model.eval()
+    with torch.no_grad():
+        out = model(x)  # the worker infers the registered model's signature from this
+    assert out.dtype == torch.float32 and out.shape[0] == 2 and out.shape[2] == 2
+    for row in out:
+        ends = (row[:, 0] == EOS_ID) & (row[:, 1] == -1)
+        assert bool(ends.any()), row  # every prediction is EOS-terminated
+    assert torch.equal(out, model(x))
+
+
+def test_every_field_has_a_default_and_a_docstring() -> None:
+    docs = field_docs(SymbolicConfig)
+    for f in dataclasses.fields(SymbolicConfig):
+        assert f.default is not dataclasses.MISSING and docs.get(f.name), f"{f.name}: no default or docstring"
+    assert TypeAdapter(SymbolicConfig).validate_python({"variant": "-DA"}) == SymbolicConfig(variant="-DA")
+
+
+@pytest.mark.parametrize(
+    "params,message",
+    [
+        ({"variant": "-XY"}, r"^variant: ablation: cannot read '-XY'.*; or a baseline: fixed, random"),
+        ({"variant": "-CP"}, r"^variant: ablation: '-CP' leaves cross attention out"),
+        ({"eval_every": 2000}, r"^eval_every: must be <= steps \(800\), got 2000"),
+        ({"warmup_steps": 800}, r"^warmup_steps: must be < steps \(800\)"),
+        ({"d_model": 30}, r"^d_model: must be divisible by heads \(4\), got 30"),
+        ({"num_symbols": 27}, r"^num_symbols: must be <= 26, got 27"),
+        ({"target_order": "random"}, r"^target_order: must be one of 'occurrence', 'name'"),
+    ],
+)
+def test_config_errors_name_the_field(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SymbolicConfig(**params)
+    if "variant" not in params and "eval_every" not in params and "warmup_steps" not in params:
+        with pytest.raises(ValidationError):
+            TypeAdapter(SymbolicConfig).validate_python(params)
+
+
+@pytest.fixture(scope="module")
+def tiny_run() -> LocalSession:
+    return _run(TINY)
+
+
+def test_tiny_run_trains_and_reports_every_metric(tiny_run: LocalSession) -> None:
+    history = tiny_run.history
+    assert [h["step"] for h in history] == [6, 12]
+    for h in history:
+        assert set(METRICS) <= set(h)
+        for k in ("correct", "exact", "outcome/invalid"):
+            assert 0 <= h[k] <= 1, (k, h[k])
+        assert h["exact"] <= h["correct"]
+        assert math.isclose(sum(h[f"outcome/{o}"] for o in ("exact", "correct", "incorrect", "invalid")), 1)
+        # Invariant by construction, so every renaming gives the renamed prediction: exactly 1.
+        assert [h[f"alpha_cov_{n}"] for n in (3, 4, 5)] == [1.0, 1.0, 1.0]
+    ckpt = tiny_run.last_checkpoint
+    assert ckpt is not None and set(ckpt) == {"model", "optimizer", "step", "rng", "config"}
+    torch.manual_seed(TINY.seed)
+    init = build_model(TINY).state_dict()  # what train() starts from
+    moved = [k for k, v in ckpt["model"].items() if v.dtype.is_floating_point and not torch.equal(v, init[k])]
+    assert "transformer.fixed_embed.weight" in moved and len(moved) > 10  # the optimizer stepped
+    (row,) = history[-1]["table"]
+    assert row["variant"] == "EP-DP-EA-DA-CP" and row["correct"] == history[-1]["correct"]
+    assert tiny_run.artifacts["predictions.md"].startswith(b"| formula | target | prediction | outcome |")
+
+
+def test_registered_model_reproduces_the_reported_scores(tiny_run: LocalSession) -> None:
+    """The one-tensor path (pack, beam search, unpack), decoded and checked here, gives the reported rates."""
+    assert tiny_run.last_checkpoint is not None
+    model = build_model(TINY)
+    model.load_state_dict(tiny_run.last_checkpoint["model"])
+    model.eval()
+    _, test = make_data(TINY, PROP)
+    batch = collate(test, PROP.vocab)
+    with torch.no_grad():
+        out = model(torch.stack([batch.src_fixed, batch.src_sym], dim=-1).float())
+    outcomes = []
+    for ex, row in zip(test, out.long(), strict=True):
+        prediction = decode(row[:, 0], row[:, 1], ex.symbols, PROP.vocab)
+        outcomes.append(check_assignment(ex.src, prediction, ex.tgt))
+    final = tiny_run.history[-1]
+    assert final["correct"] == sum(o in ("exact", "correct") for o in outcomes) / len(test)
+    assert final["exact"] == outcomes.count("exact") / len(test)
+
+
+def test_cached_data_set_is_written_once_and_read_back(tmp_path: Path) -> None:
+    cfg = dataclasses.replace(TINY, cache_dir=str(tmp_path))
+    train_set, test_set = make_data(cfg, PROP)
+    assert (train_set, test_set) == make_data(TINY, PROP)  # the cache does not change the data
+    (path,) = tmp_path.glob("prop-*.json")
+    rows = json.loads(path.read_text())
+    rows[0][1] = ["edited"]  # proof that the next call reads the file instead of generating
+    path.write_text(json.dumps(rows))
+    again_train, again_test = make_data(cfg, PROP)
+    assert sum(ex.tgt == ["edited"] for ex in again_train + again_test) == 1
+    other = dataclasses.replace(cfg, data_seed=7)
+    make_data(other, PROP)
+    assert len(list(tmp_path.glob("prop-*.json"))) == 2  # another data setting, another file
+
+
+class _Crash(Exception):
+    pass
+
+
+class CrashingSession(LocalSession):
+    def __init__(self, crash_at: int) -> None:
+        super().__init__(quiet=True)
+        self.crash_at = crash_at
+
+    def report(self, metrics: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> None:
+        super().report(metrics, checkpoint)
+        if metrics["step"] >= self.crash_at:
+            raise _Crash
+
+
+def _without_timing(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in h.items() if k not in TIMING and k != "table"} for h in history]
+
+
+@pytest.mark.parametrize("changes", [{}, {"variant": "random", "dropout": 0.1}])  # RNG state: dropout, vectors
+def test_resume_continues_exactly_where_the_crash_left(changes: dict[str, Any], tiny_run: LocalSession) -> None:
+    cfg = dataclasses.replace(TINY, **changes)
+    crashed = CrashingSession(crash_at=6)
+    with pytest.raises(_Crash):
+        train(cfg, crashed)
+    assert crashed.last_checkpoint is not None and crashed.last_checkpoint["step"] == 6
+    resumed = _run(cfg, checkpoint=crashed.last_checkpoint)
+    full = tiny_run if cfg == TINY else _run(cfg)
+    assert [h["step"] for h in resumed.history] == [12]
+    assert _without_timing(resumed.history) == _without_timing(full.history[1:])
+
+
+def _fake_rows() -> list[dict[str, Any]]:
+    scores = {
+        "EP-DP-EA-DA-CP": [(0.6, 0.2, 1.0), (0.7, 0.3, 1.0), (0.8, 0.1, 1.0)],
+        "fixed": [(0.5, 0.2, 0.5), (0.4, 0.2, 0.7), (0.6, 0.2, 0.6)],
+        "-DA": [(0.3, 0.0, 1.0)],
+    }
+    rows = []
+    for variant, runs in scores.items():
+        for seed, (correct, exact, alpha) in enumerate(runs):
+            rows.append(
+                {**dataclasses.asdict(TINY), "variant": variant, "seed": seed, "correct": correct, "exact": exact,
+                 "alpha_cov_3": alpha, "alpha_cov_4": alpha, "alpha_cov_5": math.nan if variant == "-DA" else alpha,
+                 "outcome/invalid": 0.0, "params": 1000}
+            )  # fmt: skip
+    return rows
+
+
+def test_summarize_builds_the_table_per_variant() -> None:
+    files = summarize(_fake_rows())
+    assert set(files) == {"report.md", "report.csv", "trials.csv"}
+    report = {r["variant"]: r for r in csv.DictReader(io.StringIO(files["report.csv"].decode()))}
+    assert list(report) == ["EP-DP-EA-DA-CP", "-DA", "fixed"]  # the paper's order, baselines last
+    full = report["EP-DP-EA-DA-CP"]
+    assert full["seeds"] == "3" and float(full["correct_mean"]) == pytest.approx(0.7)
+    assert float(full["correct_std"]) == pytest.approx(statistics.stdev([0.6, 0.7, 0.8]))
+    assert float(report["fixed"]["alpha_cov_5_mean"]) == pytest.approx(0.6)
+    assert report["-DA"]["correct_std"] == "0.0" and report["-DA"]["alpha_cov_5_mean"] == "nan"
+    md = files["report.md"].decode()
+    assert "| EP-DP-EA-DA-CP | 3 | 70.0 ± 10.0 | 20.0 ± 10.0 | 100.0 ± 0.0 | 100.0 ± 0.0 | 100.0 ± 0.0 |" in md
+    assert "| fixed | 3 | 50.0 ± 10.0 | 20.0 ± 0.0 | 60.0 ± 10.0 |" in md and "| -DA | 1 | 30.0 ± 0.0 |" in md
+    assert "n/a" in md and "| EP-DP-EA-DA-CP | 98.03 | 60.96 | 100.0 |" in md  # the paper's row
+    assert len(list(csv.DictReader(io.StringIO(files["trials.csv"].decode())))) == 7
+
+
+def test_summarize_splits_settings_that_differ() -> None:
+    rows = _fake_rows()
+    rows[0] = {**rows[0], "d_model": 64}
+    report = list(csv.DictReader(io.StringIO(summarize(rows)["report.csv"].decode())))
+    assert [(r["variant"], r["d_model"], r["seeds"]) for r in report][:2] == [
+        ("EP-DP-EA-DA-CP", "16", "2"), ("EP-DP-EA-DA-CP", "64", "1")
+    ]  # fmt: skip
+
+
+def test_summarize_rejects_rows_it_cannot_read() -> None:
+    with pytest.raises(ValueError, match="got no rows"):
+        summarize([])
+    with pytest.raises(ValueError, match="rows lack exact"):
+        summarize([{k: v for k, v in _fake_rows()[0].items() if k != "exact"}])
+
+
+@pytest.mark.parametrize(
+    "path,task,trials",
+    [("sweeps/symbolic_prop.yaml", "symbolic.prop", 24), ("sweeps/gpu/symbolic_prop.yaml", "symbolic.prop", 24),
+     ("sweeps/gpu/symbolic_ltl.yaml", "symbolic.ltl", 24)],
+)  # fmt: skip
+def test_sweep_files_validate(path: str, task: str, trials: int) -> None:
+    spec_module = pytest.importorskip("service.spec")
+    spec = spec_module.parse_spec((REPO / path).read_text())
+    assert spec.task == task and spec.metric.name == "correct" and spec.trials_total == trials
