@@ -57,12 +57,15 @@ class Stack:
         return MlflowClient(tracking_uri=self.tracking_uri)
 
     def start_worker(self, name: str) -> subprocess.Popen[bytes]:
+        return self._spawn_worker(name, self.env)
+
+    def _spawn_worker(self, name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
         log = open(self.home / f"worker-{name}.log", "ab")  # noqa: SIM115 - closed with the process
         # Own session: kill -9 of the group takes the worker and the local Ray it started, as when
         # a worker's machine or container dies.
         proc = subprocess.Popen(
             [LAYERLAB, "worker", "--worker-id", name],
-            env=self.env,
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -5,84 +5,38 @@ PostgreSQL with token auth, and workers that connect to the cluster (RAY_ADDRESS
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.e2e.conftest import LAYERLAB, free_port, wait_until
+from tests.e2e.conftest import LAYERLAB, Stack, free_port, wait_until
 
 from .cluster import S3, MlflowServer, RayCluster, mlflow_server, moto_s3, pg_databases, ray_cluster
 
 
-@dataclass
-class Production:
-    home: Path
-    api_url: str
-    env: dict[str, str]
+@dataclass(kw_only=True)
+class Production(Stack):
+    """The e2e `Stack` (API calls, worker processes, waits), on the production parts."""
+
     queue_url: str
     s3: S3
-    mlflow: MlflowServer
+    mlflow_server: MlflowServer
     ray: RayCluster
-    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.env['LAYERLAB_API_TOKEN']}"}
 
     def mlflow_client(self) -> MlflowClient:
-        os.environ["MLFLOW_TRACKING_USERNAME"] = self.mlflow.username
-        os.environ["MLFLOW_TRACKING_PASSWORD"] = self.mlflow.password
-        return MlflowClient(tracking_uri=self.mlflow.url)
+        os.environ["MLFLOW_TRACKING_USERNAME"] = self.mlflow_server.username
+        os.environ["MLFLOW_TRACKING_PASSWORD"] = self.mlflow_server.password
+        return MlflowClient(tracking_uri=self.mlflow_server.url)
 
-    def start_worker(self, name: str, **env: str) -> subprocess.Popen[bytes]:
+    def start_worker(self, name: str) -> subprocess.Popen[bytes]:
         # Each worker has a home of its own: nothing of a sweep may depend on a worker's local disk.
-        home = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.home))
-        log = open(self.home / f"worker-{name}.log", "ab")  # noqa: SIM115 - the child owns it
-        proc = subprocess.Popen(
-            [LAYERLAB, "worker", "--worker-id", name],
-            env={**self.env, "LAYERLAB_HOME": str(home), **env},
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        self.workers.append(proc)
-        return proc
-
-    def kill_worker(self, proc: subprocess.Popen[bytes]) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=30)
-
-    def submit(self, spec_yaml: str) -> dict[str, Any]:
-        headers = {"content-type": "application/yaml", **self.headers}
-        r = httpx.post(f"{self.api_url}/sweeps", content=spec_yaml, headers=headers, timeout=30)
-        assert r.status_code == 201, r.text
-        return dict(r.json())
-
-    def sweep(self, sweep_id: int) -> dict[str, Any]:
-        r = httpx.get(f"{self.api_url}/sweeps/{sweep_id}", headers=self.headers, timeout=30)
-        assert r.status_code == 200, r.text
-        return dict(r.json())
-
-    def wait_state(self, sweep_id: int, states: tuple[str, ...], timeout: float) -> dict[str, Any]:
-        def done() -> dict[str, Any] | None:
-            s = self.sweep(sweep_id)
-            return s if s["state"] in states else None
-
-        try:
-            return wait_until(done, timeout, f"sweep {sweep_id} to reach {states}", interval=1.0)
-        except AssertionError:
-            for log in sorted(self.home.glob("*.log")):
-                print(f"--- {log.name} (tail)\n" + log.read_text(errors="replace")[-3000:])
-            raise
+        home = tempfile.mkdtemp(prefix=f"{name}-", dir=self.home)
+        return self._spawn_worker(name, {**self.env, "LAYERLAB_HOME": home})
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +75,9 @@ def production(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Production]
             [LAYERLAB, "serve", "--port", str(port)], env=env, stdout=api_log, stderr=subprocess.STDOUT
         )
         api_url = f"http://127.0.0.1:{port}"
-        prod = Production(home=home, api_url=api_url, env=env, queue_url=dbs["queue"], s3=s3, mlflow=mlflow, ray=ray)
+        prod = Production(
+            home=home, api_url=api_url, env=env, queue_url=dbs["queue"], s3=s3, mlflow_server=mlflow, ray=ray
+        )
         try:
             wait_until(lambda: _healthy(prod.api_url), 60, "the API's /healthz")
             yield prod

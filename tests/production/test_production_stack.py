@@ -48,10 +48,10 @@ def _child_runs(prod: Production, experiment: str) -> list[object]:
 
 
 def test_mlflow_server_needs_basic_auth(production: Production) -> None:
-    url = f"{production.mlflow.url}/api/2.0/mlflow/experiments/search?max_results=5"
+    url = f"{production.mlflow_server.url}/api/2.0/mlflow/experiments/search?max_results=5"
     assert httpx.get(url, timeout=10).status_code == 401
     assert httpx.get(url, auth=("admin", "wrong-password-123"), timeout=10).status_code == 401
-    ok = httpx.get(url, auth=(production.mlflow.username, production.mlflow.password), timeout=10)
+    ok = httpx.get(url, auth=(production.mlflow_server.username, production.mlflow_server.password), timeout=10)
     assert ok.status_code == 200, ok.text
 
 
@@ -68,7 +68,7 @@ def test_sweep_runs_on_both_ray_nodes_with_artifacts_on_s3(prod: Production) -> 
 
     children = _child_runs(prod, "prod-xor-a")
     assert len(children) == 4
-    assert s["mlflow"]["parent_run_url"].startswith(prod.mlflow.url)
+    assert s["mlflow"]["parent_run_url"].startswith(prod.mlflow_server.url)
     # Artifacts went through the MLflow server to S3; Tune's experiment and checkpoints too.
     assert any(k.endswith("MLmodel") for k in prod.s3.keys("mlartifacts/")), "no model on S3"
     parent_files = {k.rsplit("/", 1)[-1] for k in prod.s3.keys("mlartifacts/") if "/artifacts/" in k}
@@ -79,7 +79,7 @@ def test_sweep_runs_on_both_ray_nodes_with_artifacts_on_s3(prod: Production) -> 
 
     # The registered model loads in another process that has only the server's URL and credentials.
     env = {k: v for k, v in prod.env.items() if not k.startswith(("AWS_", "MLFLOW_S3"))}
-    env["MLFLOW_TRACKING_URI"] = prod.mlflow.url
+    env["MLFLOW_TRACKING_URI"] = prod.mlflow_server.url
     out = subprocess.run([sys.executable, "-c", LOAD_MODEL], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["TverskyProjection", "1"], out.stdout
