@@ -81,8 +81,10 @@ class Stack:
         proc.wait(timeout=30)
 
     def submit(self, spec_yaml: str) -> dict[str, Any]:
+        # 60 s: validating a task's first spec imports its module (torch, gymnasium) in the API process,
+        # which takes seconds on a loaded 2-core machine.
         headers = {"content-type": "application/yaml", **self.headers}
-        r = httpx.post(f"{self.api_url}/sweeps", content=spec_yaml, headers=headers, timeout=30)
+        r = httpx.post(f"{self.api_url}/sweeps", content=spec_yaml, headers=headers, timeout=60)
         assert r.status_code == 201, r.text
         return r.json()
 

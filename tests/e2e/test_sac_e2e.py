@@ -7,9 +7,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
-from typing import Any
 
-import httpx
 import mlflow
 import pytest
 import torch
@@ -32,16 +30,8 @@ register: {model: e2e-sac-policy}
 """
 
 
-def _submit(stack: Stack, spec_yaml: str) -> dict[str, Any]:
-    """Stack.submit with a longer timeout: validating the spec imports the task (torch, gymnasium) in the API."""
-    headers = {"content-type": "application/yaml", **stack.headers}
-    r = httpx.post(f"{stack.api_url}/sweeps", content=spec_yaml, headers=headers, timeout=60)
-    assert r.status_code == 201, r.text
-    return dict(r.json())
-
-
 def test_sac_sweep_runs_through_tune_and_mlflow(workers: Stack) -> None:
-    sweep_id = _submit(workers, SAC)["id"]
+    sweep_id = workers.submit(SAC)["id"]
     workers.start_worker("w-sac")
     s = workers.wait_state(sweep_id, ("succeeded", "failed", "cancelled"), timeout=300)
     assert s["state"] == "succeeded", s

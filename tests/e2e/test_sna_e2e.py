@@ -6,9 +6,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
-from typing import Any
 
-import httpx
 import mlflow
 import pytest
 import torch
@@ -38,17 +36,8 @@ space: {attention: {grid: [separable, softmax]}}
 """
 
 
-def _submit(stack: Stack, spec_yaml: str) -> dict[str, Any]:
-    """Stack.submit with a longer timeout: validating the first spec of a task imports its module (torch, numpy)
-    in the API process, which takes over httpx's default 5 s on a loaded 2-core machine."""
-    headers = {"content-type": "application/yaml", **stack.headers}
-    r = httpx.post(f"{stack.api_url}/sweeps", content=spec_yaml, headers=headers, timeout=60)
-    assert r.status_code == 201, r.text
-    return dict(r.json())
-
-
 def test_lorenz_and_lm_sweeps_run_through_the_service(workers: Stack) -> None:
-    ids = {name: _submit(workers, spec)["id"] for name, spec in [("lorenz", LORENZ), ("lm", LM)]}
+    ids = {name: workers.submit(spec)["id"] for name, spec in [("lorenz", LORENZ), ("lm", LM)]}
     workers.start_worker("w-sna")
     done = {name: workers.wait_state(i, ("succeeded", "failed", "cancelled"), timeout=300) for name, i in ids.items()}
     for name, s in done.items():
