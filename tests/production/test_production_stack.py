@@ -11,6 +11,7 @@ from collections import Counter
 
 import httpx
 import pytest
+from mlflow.entities import Run
 
 from service.queue import QueueStore
 from tests.e2e.conftest import wait_until
@@ -40,7 +41,7 @@ print(type(m).__name__, m(torch.tensor([[0.0, 1.0]])).shape[0])
 """
 
 
-def _child_runs(prod: Production, experiment: str) -> list[object]:
+def _child_runs(prod: Production, experiment: str) -> list[Run]:
     client = prod.mlflow_client()
     exp = client.get_experiment_by_name(experiment)
     assert exp is not None, f"no MLflow experiment {experiment}"
@@ -68,6 +69,11 @@ def test_sweep_runs_on_both_ray_nodes_with_artifacts_on_s3(prod: Production) -> 
 
     children = _child_runs(prod, "prod-xor-a")
     assert len(children) == 4
+    # Each trial's own file reached MLflow (and S3) from whichever node ran it.
+    client = prod.mlflow_client()
+    for run in children:
+        files = [a.path for a in client.list_artifacts(run.info.run_id)]
+        assert "decision_boundary.png" in files, (run.info.run_id, files)
     assert s["mlflow"]["parent_run_url"].startswith(prod.mlflow_server.url)
     # Artifacts went through the MLflow server to S3; Tune's experiment and checkpoints too.
     assert any(k.endswith("MLmodel") for k in prod.s3.keys("mlartifacts/")), "no model on S3"
