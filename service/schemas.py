@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel
@@ -76,9 +76,9 @@ class SweepPublic(BaseModel):
             max_attempts=sweep.max_attempts,
             cancel_requested=sweep.cancel_requested,
             worker_id=sweep.worker_id,
-            submitted_at=sweep.submitted_at,
-            started_at=sweep.started_at,
-            finished_at=sweep.finished_at,
+            submitted_at=_utc(sweep.submitted_at),
+            started_at=_utc(sweep.started_at) if sweep.started_at else None,
+            finished_at=_utc(sweep.finished_at) if sweep.finished_at else None,
             metric={"name": sweep.metric_name, "mode": sweep.metric_mode},
             trials=TrialCounts(
                 total=max(sweep.trials_total, seen),
@@ -100,6 +100,11 @@ class SweepPublic(BaseModel):
         )
 
 
+def _utc(at: datetime) -> datetime:
+    """The queue keeps naive UTC (service.models.utcnow); the API says so: RFC 3339 date-times carry an offset."""
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
 class SweepList(BaseModel):
     sweeps: list[SweepPublic]
 
@@ -107,3 +112,16 @@ class SweepList(BaseModel):
 class SpecErrorBody(BaseModel):
     message: str
     errors: list[str]
+    """Each `field.path: what is wrong, got <value>`; `<document>` when the body as a whole is unreadable."""
+
+
+class SpecErrorResponse(BaseModel):
+    """The 422 body of POST /sweeps: FastAPI puts an HTTPException's detail under `detail`."""
+
+    detail: SpecErrorBody
+
+
+class ErrorResponse(BaseModel):
+    """Every other error body: one line saying what is wrong and how to fix it."""
+
+    detail: str

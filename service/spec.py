@@ -1,14 +1,20 @@
 """SweepSpec: the sweep YAML, validated at the edge.
 
 `parse_spec(text_or_dict)` returns a `SweepSpec` or raises `SpecError` holding every problem at once,
-each as `field.path: what is wrong, got <value>`. Task params (fixed and searched) are checked
-against the task's own config dataclass (jobs/registry.py) before anything is queued.
+each as `field.path: what is wrong, got <value>` (a key that is not a plain name is written `["a b"]`).
+Task params (fixed and searched) are checked against the task's own config dataclass (jobs/registry.py)
+without coercion, as the worker will build it, before anything is queued. `load_yaml` and `load_json`
+refuse what a spec never needs and an attacker could use: aliases, duplicate keys, tags beyond plain
+data, nesting beyond MAX_DEPTH; numbers must be finite and fit in 64 bits, strings free of control
+characters (tests/badinput).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import sys
 import typing
 import warnings
 from collections.abc import Mapping
@@ -65,21 +71,22 @@ class Domain(_Strict):
     def kind(self) -> str:
         return next(k for k in ("grid", "choice", "uniform", "loguniform", "randint") if getattr(self, k) is not None)
 
-    def values_to_check(self) -> list[tuple[str, Any]]:
-        """(sub-path, value) pairs that must each be a valid value of the parameter."""
+    def values_to_check(self) -> list[tuple[tuple[str, int], Any]]:
+        """((kind, index), value) pairs that must each be a valid value of the parameter."""
         kind = self.kind
         value = getattr(self, kind)
         if kind in ("grid", "choice"):
-            return [(f"{kind}[{i}]", v) for i, v in enumerate(value)]
+            return [((kind, i), v) for i, v in enumerate(value)]
         if kind == "randint":
-            return [(f"{kind}[0]", value[0]), (f"{kind}[1]", value[1] - 1)]
-        return [(f"{kind}[0]", value[0]), (f"{kind}[1]", value[1])]
+            return [((kind, 0), value[0]), ((kind, 1), value[1] - 1)]
+        return [((kind, 0), value[0]), ((kind, 1), value[1])]
 
 
 class Search(_Strict):
     algorithm: Literal["grid", "random", "optuna"] = Field(default="grid")
     num_samples: int = Field(default=1, ge=1, le=MAX_TRIALS, description="Repeats of the grid, or samples.")
-    seed: int | None = Field(default=None, ge=0, description="Seed of the search algorithm.")
+    # Optuna's samplers (numpy RandomState) take seeds below 2**32: a larger one would fail the sweep at its start.
+    seed: int | None = Field(default=None, ge=0, le=2**32 - 1, description="Seed of the search algorithm.")
 
 
 class Scheduler(_Strict):
@@ -119,7 +126,7 @@ with warnings.catch_warnings():
 
     class SweepSpec(_Strict):
         name: str = Field(pattern=NAME_RE, description="Also the MLflow experiment name.")
-        task: str = Field(min_length=1)
+        task: str = Field(min_length=1, max_length=100, description="A registered task, e.g. tversky.xor.")
         metric: Metric
         params: dict[str, Any] = Field(default_factory=dict, description="Fixed task config.")
         space: dict[str, Domain] = Field(default_factory=dict, description="Searched task config.")
@@ -137,11 +144,13 @@ with warnings.catch_warnings():
             overlap = sorted(set(self.params) & set(self.space))
             # Whole-spec rules: each message starts with the field path it is about (see describe_error).
             if overlap:
-                raise ValueError(f"space.{overlap[0]}: also given in params; keep one of the two")
+                raise ValueError(f"space{key_segment(overlap[0])}: also given in params; keep one of the two")
             if self.search.algorithm == "optuna":
                 grids = sorted(k for k, d in self.space.items() if d.kind == "grid")
                 if grids:
-                    raise ValueError(f"space.{grids[0]}: optuna cannot search a grid; use choice, or search: grid")
+                    raise ValueError(
+                        f"space{key_segment(grids[0])}: optuna cannot search a grid; use choice, or search: grid"
+                    )
             if self.trials_total > MAX_TRIALS:
                 raise ValueError(
                     f"search.num_samples: the sweep would run {self.trials_total} trials "
@@ -163,11 +172,17 @@ with warnings.catch_warnings():
             return self.resources.workers > 1 or self.resources.gpus > 0
 
 
-# --- loading YAML safely ------------------------------------------------------------------------
+# --- loading YAML and JSON safely -----------------------------------------------------------------
+
+# Tags of plain data (the YAML 1.2 core schema, which is JSON's types). !!binary, !!set, !!omap,
+# !!timestamp and the like would hand the validators bytes, sets or datetimes no task config expects.
+CORE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "seq", "map")}
 
 
 class _NoAliasLoader(yaml.SafeLoader):
-    """A safe loader that refuses anchors/aliases: they can expand a small file into a huge spec."""
+    """A safe loader for plain data: no anchors/aliases (they can expand a small file into a huge
+    spec), no nesting beyond MAX_DEPTH, no duplicate keys (YAML would silently keep the last one),
+    no tags beyond the core schema, and dates stay strings."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -181,9 +196,39 @@ class _NoAliasLoader(yaml.SafeLoader):
         finally:
             self.depth -= 1
 
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        if node.tag not in CORE_TAGS:
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+            raise yaml.constructor.ConstructorError(
+                None, None, f"the tag {tag} is not allowed in a sweep spec; write plain values", node.start_mark
+            )
+        return super().construct_object(node, deep)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"the key {_show(key)} appears twice in one mapping (first at line {seen[key].line + 1}); keep one",
+                    key_node.start_mark,
+                )
+            if isinstance(key, typing.Hashable):
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
         self.depth = 0
+
+
+# Drop the implicit timestamp type: `2024-01-02` stays the string it reads as (as in JSON and YAML 1.2).
+_NoAliasLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 
 
 def load_yaml(text: str | bytes) -> Any:
@@ -199,21 +244,115 @@ def load_yaml(text: str | bytes) -> Any:
         mark = getattr(exc, "problem_mark", None)
         if mark is not None:
             where = f" at line {mark.line + 1}, column {mark.column + 1}"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError([f"<document>: not valid YAML{where}: {problem}"]) from None
+        elif isinstance(exc, yaml.reader.ReaderError):  # a control character: no mark, only an offset
+            line = text.count("\n", 0, exc.position) + 1
+            where = f" at line {line}, column {exc.position - text.rfind(chr(10), 0, exc.position)}"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if isinstance(exc, yaml.reader.ReaderError):
+            char = f"U+{exc.character:04X}" if isinstance(exc.character, int) else repr(exc.character)
+            problem = f"the character {char} is not allowed ({exc.reason}); remove it or quote it as an escape"
+        raise SpecError([f"<document>: not valid YAML{where}: {' '.join(problem.split())}"]) from None
+    except ValueError as exc:  # an integer of more than 4300 digits (int() refuses it: CVE-2020-10735)
+        raise SpecError([f"<document>: not valid YAML: {_too_long_number(exc)}"]) from None
+
+
+def load_json(body: bytes) -> Any:
+    """Parse a JSON body with the YAML loader's limits: no duplicate keys, no nesting beyond MAX_DEPTH.
+    NaN and Infinity parse (as Python's json does) and are then rejected naming their field."""
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise ValueError(f"the key {_show(key)} appears twice in one object; keep one")
+            out[key] = value
+        return out
+
+    try:
+        text = body.decode("utf-8")  # not json.loads(bytes): it would take UTF-16 and UTF-32 as well
+    except UnicodeDecodeError as exc:
+        raise SpecError([f"<document>: not UTF-8 text (byte {exc.start}); save the file as UTF-8"]) from None
+    try:
+        data = json.loads(text, object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as exc:
+        raise SpecError([f"<document>: not valid JSON: {exc}"]) from None
+    except RecursionError:
+        raise SpecError([f"<document>: not valid JSON: the document nests deeper than {MAX_DEPTH} levels"]) from None
+    except ValueError as exc:  # a duplicate key, or an integer of more than 4300 digits
+        raise SpecError([f"<document>: not valid JSON: {_too_long_number(exc)}"]) from None
+    if _depth(data) > MAX_DEPTH + 1:  # the YAML loader counts the top mapping as level 0
+        raise SpecError([f"<document>: not valid JSON: the document nests deeper than {MAX_DEPTH} levels"])
+    return data
+
+
+def _too_long_number(exc: ValueError) -> str:
+    text = str(exc)
+    if "integer string conversion" in text:  # the interpreter's advice (set_int_max_str_digits) is not the user's
+        return f"a number has more than {sys.get_int_max_str_digits()} digits; no task parameter needs that many"
+    return text
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of lists and objects, without recursion (a hostile document may be deep)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        if isinstance(node, dict):
+            stack.extend((v, level + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, level + 1) for v in node)
+    return deepest
 
 
 # --- error messages -----------------------------------------------------------------------------
 
 
+# Every number and string a task receives goes through JSON (the queue) and reaches torch, Tune and
+# MLflow: NaN/Infinity have no JSON form, ints past 64 bits overflow torch and PostgreSQL, and control
+# characters or unpaired surrogates in a string break file paths (NUL), logs and UTF-8 encoders.
+INT64 = 2**63
+_BAD_CHAR = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BRACKET = r'\[(?:-?\d[\d.e+-]*|-?Infinity|NaN|"(?:[^"\\\n]|\\.)*"|true|false|null|key)\]'
+FIELD_PATH = rf"(?:[A-Za-z_]\w*|{_BRACKET})(?:\.\w+|\.?{_BRACKET})*"
+"""A field path as key_segment and format_loc write it (a whole-spec rule's message starts with one)."""
+SHOWN_CHARS = 200
+
+
+def _show(value: Any) -> str:
+    """repr() of a value for an error message, cut to SHOWN_CHARS: a hostile value can be 256 KiB long."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} chars)"
+
+
+def key_segment(key: Any) -> str:
+    """One mapping key of a field path: `.name` for a plain identifier or an integer key, else `[<JSON>]`
+    (`["a.b"]`, `["x\\n"]`, `[null]`), so that a key holding dots, colons or newlines cannot make a path
+    ambiguous or an error message span two lines. Keys are not cut short: the path must name the key."""
+    if isinstance(key, str) and IDENTIFIER.fullmatch(key) or type(key) is int:
+        return f".{key}"
+    if not (isinstance(key, str | int | float | bool) or key is None):
+        key = str(key)
+    text = json.dumps(key, ensure_ascii=False)
+    if _BAD_CHAR.search(text):  # an unpaired surrogate: no UTF-8 response could carry it raw
+        text = json.dumps(key)
+    return f"[{text}]"
+
+
 def format_loc(loc: tuple[Any, ...] | list[Any]) -> str:
+    """A pydantic error location as a field path: `space.lr.grid[0]`, `params["a b"]`."""
     out = ""
     for part in loc:
-        if isinstance(part, int):
+        if type(part) is int:
             out += f"[{part}]"
+        elif part == "[key]":  # pydantic's mark for a mapping's key
+            out += ".[key]"
         else:
-            out += ("." if out else "") + str(part)
-    return out or "<document>"
+            out += key_segment(part)
+    return out.removeprefix(".") or "<document>"
 
 
 def _model_at(loc: tuple[Any, ...]) -> Any:
@@ -275,20 +414,61 @@ def describe_error(err: Mapping[str, Any], prefix: tuple[Any, ...] = (), int_fie
         text = str(msg)
         if text.startswith("Value error, "):
             text = text[len("Value error, ") :]
-            if not loc and re.match(r"^[A-Za-z_][\w.\[\]]*: ", text):
+            if not loc and re.match(rf"^{FIELD_PATH}: ", text):
                 return text  # a whole-spec rule that names its own field
         text = text.replace("Input should be", "must be").replace("Input should have", "must have")
         text = text[:1].lower() + text[1:]
-    got = f", got {value!r}" if _scalar(value) and kind not in ("value_error", "assertion_error") else ""
+    got = f", got {_show(value)}" if _scalar(value) and kind not in ("value_error", "assertion_error") else ""
     return f"{format_loc(loc)}: {text}{got}"
 
 
 # --- task params --------------------------------------------------------------------------------
 
 
+def _value_errors(params: Any, space: Any) -> dict[str, str]:
+    """Field path -> error, for every unusable number or string among task params and searched values."""
+    found: dict[str, str] = {}
+    stack: list[tuple[str, Any]] = []
+    if isinstance(params, dict):
+        stack += [(f"params{key_segment(k)}", v) for k, v in params.items()]
+    if isinstance(space, dict):
+        for k, domain in space.items():
+            for kind, values in domain.items() if isinstance(domain, dict) else ():
+                if kind in ("grid", "choice") and isinstance(values, list):
+                    stack += [(f"space{key_segment(k)}{key_segment(kind)}[{i}]", v) for i, v in enumerate(values)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            found[path] = f"{path}: must be a finite number, got {value!r}"
+        elif type(value) is int and not -INT64 <= value < INT64:
+            found[path] = f"{path}: must be an integer of at most 64 bits (|value| < 2**63), got {_show(value)}"
+        elif isinstance(value, str) and (bad := _BAD_CHAR.search(value)):
+            found[path] = (
+                f"{path}: must not hold control characters or unpaired surrogates "
+                f"(U+{ord(bad.group()):04X} at index {bad.start()}), got {_show(value)}"
+            )
+        elif isinstance(value, list):
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, dict):
+            stack += [(f"{path}{key_segment(k)}", v) for k, v in value.items()]
+    return found
+
+
+def _runtime_form(hint: Any, value: Any) -> Any:
+    """The value as the task's dataclass takes it at run time: a JSON list where the field is a tuple."""
+    while typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
+    return tuple(value) if typing.get_origin(hint) is tuple and isinstance(value, list) else value
+
+
 def _task_param_errors(task_name: str, params: Any, space: Any) -> list[str]:
-    """Check fixed params and every searched value against the task's config dataclass."""
-    from pydantic import TypeAdapter
+    """Check fixed params and every searched value against the task's config dataclass.
+
+    Each value is first checked strictly against its field's annotation (the worker builds the config
+    with the task's own checks, which coerce nothing: "16" or 16.0 for an int would fail every trial),
+    then the values that pass go through the dataclass as a whole, for its cross-field rules.
+    """
+    from pydantic import ConfigDict, TypeAdapter
 
     from jobs.registry import UnknownTaskError, get_task
 
@@ -297,11 +477,12 @@ def _task_param_errors(task_name: str, params: Any, space: Any) -> list[str]:
     except UnknownTaskError as exc:
         return [f"task: {exc}"]
     adapter: TypeAdapter[Any] = TypeAdapter(task.config)
-    hints = typing.get_type_hints(task.config)
+    hints = typing.get_type_hints(task.config, include_extras=True)
+    strict = {k: TypeAdapter(h, config=ConfigDict(strict=True)) for k, h in hints.items()}
 
     def is_int(name: Any) -> bool:
         hint = hints.get(name)
-        for _ in range(3):  # unwrap Annotated[...] and X | None
+        for _ in range(4):  # unwrap Annotated[...] and X | None
             if hint is int:
                 return True
             args = typing.get_args(hint)
@@ -312,40 +493,48 @@ def _task_param_errors(task_name: str, params: Any, space: Any) -> list[str]:
     errors: list[str] = []
     fixed = params if isinstance(params, dict) else {}
     for key in sorted(set(fixed) - known, key=str):  # key=str: a YAML key may be a number
-        errors.append(f"params.{key}: unknown parameter for task {task_name}; known: {', '.join(sorted(known))}")
+        errors.append(
+            f"params{key_segment(key)}: unknown parameter for task {task_name}; known: {', '.join(sorted(known))}"
+        )
     fixed = {k: v for k, v in fixed.items() if k in known}
 
     def check(values: dict[str, Any], where: dict[str, tuple[Any, ...]]) -> list[str]:
+        out = []
+        for key in where:
+            try:
+                strict[key].validate_python(_runtime_form(hints[key], values[key]))
+            except ValidationError as exc:
+                out += [describe_error(err, where[key], int_field=is_int(key)) for err in exc.errors()]
+                values = {k: v for k, v in values.items() if k != key}
         try:
             adapter.validate_python(values)
         except ValidationError as exc:
-            out = []
             for err in exc.errors():
                 loc = err.get("loc", ())
-                key = loc[0] if loc else None
-                if key in where:
-                    out.append(describe_error({**err, "loc": loc[1:]}, where[key], int_field=is_int(key)))
+                field = loc[0] if loc else None
+                if field in where and field in values:
+                    out.append(describe_error({**err, "loc": loc[1:]}, where[field], int_field=is_int(field)))
                 elif not loc:  # a cross-field rule (__post_init__); its message starts with its field
                     text = describe_error(err)
                     out.append(f"params.{text}" if re.match(r"^\w+: ", text) else f"params: {text.split(': ', 1)[-1]}")
-            return out
-        return []
+        return out
 
     fixed_errors = check(fixed, {k: ("params", k) for k in fixed})
     errors += fixed_errors
     if isinstance(space, dict):
         for key, domain in sorted(space.items(), key=lambda kv: str(kv[0])):
             if key not in known:
-                errors.append(f"space.{key}: unknown parameter for task {task_name}; known: {', '.join(sorted(known))}")
+                where = f"space{key_segment(key)}"
+                errors.append(f"{where}: unknown parameter for task {task_name}; known: {', '.join(sorted(known))}")
                 continue
             if not isinstance(domain, Domain):
                 continue
             for sub, value in domain.values_to_check():
-                for e in check({**fixed, key: value}, {key: ("space", key, sub)}):
+                for e in check({**fixed, key: value}, {key: ("space", key, *sub)}):
                     if not e.startswith("params"):
                         errors.append(e)
                     elif not fixed_errors:  # a cross-field rule (__post_init__) broken by this searched value
-                        errors.append(f"space.{key}.{sub}: {e.removeprefix('params.')}")
+                        errors.append(f"{format_loc(('space', key, *sub))}: {e.removeprefix('params.')}")
     return sorted(set(errors), key=errors.index)
 
 
@@ -360,13 +549,18 @@ def parse_spec(source: str | bytes | dict[str, Any]) -> SweepSpec:
         spec = SweepSpec.model_validate(data)
     except ValidationError as exc:
         errors = [describe_error(e) for e in exc.errors()]
+    unusable = _value_errors(data.get("params"), data.get("space"))
     task_name = data.get("task")
-    if isinstance(task_name, str) and task_name:
+    if isinstance(task_name, str) and 0 < len(task_name) <= 100:
         space = spec.space if spec else _parse_domains(data.get("space"))
         errors += _task_param_errors(task_name, data.get("params", {}), space)
         metric = data.get("metric")
         if isinstance(metric, dict) and isinstance(metric.get("name"), str):
             errors += _metric_errors(task_name, metric["name"])
+    if unusable:
+        # One message per unusable value: drop what the task's checks said about the same value.
+        errors = [e for e in errors if not any(e.startswith((p + ":", p + "[", p + ".")) for p in unusable)]
+        errors += sorted(unusable.values())
     if errors:
         raise SpecError(errors)
     assert spec is not None
@@ -397,7 +591,7 @@ def _metric_errors(task_name: str, metric: str) -> list[str]:
     except UnknownTaskError:
         return []  # reported once, under `task`
     if metric not in metrics:
-        return [f"metric.name: task {task_name} reports {', '.join(metrics)}; got {metric!r}"]
+        return [f"metric.name: task {task_name} reports {', '.join(metrics)}; got {_show(metric)}"]
     return []
 
 

@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 
 from service.api.deps import PrincipalDep, SettingsDep, StoreDep, get_principal
 from service.errors import SpecError
 from service.models import SweepState
-from service.schemas import SpecErrorBody, SweepList, SweepPublic
-from service.spec import parse_spec
+from service.schemas import ErrorResponse, SpecErrorResponse, SweepList, SweepPublic
+from service.spec import load_json, parse_spec
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
 
 # Every /sweeps endpoint needs a token; handlers that act on ownership take the principal themselves.
-router = APIRouter(prefix="/sweeps", tags=["sweeps"], dependencies=[Depends(get_principal)])
+router = APIRouter(
+    prefix="/sweeps",
+    tags=["sweeps"],
+    dependencies=[Depends(get_principal)],
+    responses={401: _error("missing, unknown or revoked API token"), 503: _error("the queue database is down")},
+)
+# Ids are PostgreSQL `integer` columns: a larger number is no sweep, and the database would refuse it.
+MAX_ID = 2**31 - 1
+SweepId = Annotated[int, Path(ge=1, le=MAX_ID, description="The id POST /sweeps returned.")]
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
 
@@ -23,19 +35,23 @@ async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise HTTPException(413, f"request body is {declared} bytes; the limit is {limit} bytes")
-    body = b""
+    body = bytearray()  # not bytes +=: that copies the whole body at every chunk
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
             raise HTTPException(413, f"request body is over the limit of {limit} bytes")
-    return body
+    return bytes(body)
 
 
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=SweepPublic,
-    responses={422: {"model": SpecErrorBody}, 413: {"description": "body too large"}},
+    responses={
+        413: _error("body over the size limit (LAYERLAB_MAX_BODY_BYTES)"),
+        415: _error("content type other than YAML or JSON"),
+        422: {"model": SpecErrorResponse, "description": "invalid spec: every error, each naming its field"},
+    },
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -54,10 +70,7 @@ async def submit_sweep(
     ctype = request.headers.get("content-type", "application/yaml").split(";")[0].strip().lower()
     try:
         if ctype == "application/json":
-            try:
-                data: Any = json.loads(body)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise SpecError([f"<document>: not valid JSON: {exc}"]) from None
+            data = load_json(body)
             if not isinstance(data, dict):
                 raise SpecError(
                     [f"<document>: a sweep spec is a JSON object (name, task, ...), got {type(data).__name__}"]
@@ -83,20 +96,28 @@ def list_sweeps(
     settings: SettingsDep,
     state: Annotated[SweepState | None, Query(description="Only sweeps in this state.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> SweepList:
     sweeps = store.list_sweeps(state.value if state else None, limit=limit, offset=offset)
     return SweepList(sweeps=[SweepPublic.build(s, store.trial_counts(s.id), settings.mlflow_ui_url) for s in sweeps])
 
 
-@router.get("/{sweep_id}", response_model=SweepPublic)
-def get_sweep(sweep_id: int, store: StoreDep, settings: SettingsDep) -> SweepPublic:
+@router.get("/{sweep_id}", response_model=SweepPublic, responses={404: _error("no sweep with this id")})
+def get_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep) -> SweepPublic:
     sweep = store.get(sweep_id)
     return SweepPublic.build(sweep, store.trial_counts(sweep_id), settings.mlflow_ui_url)
 
 
-@router.post("/{sweep_id}/cancel", response_model=SweepPublic)
-def cancel_sweep(sweep_id: int, store: StoreDep, settings: SettingsDep, principal: PrincipalDep) -> SweepPublic:
+@router.post(
+    "/{sweep_id}/cancel",
+    response_model=SweepPublic,
+    responses={
+        403: _error("the sweep belongs to another user"),
+        404: _error("no sweep with this id"),
+        409: _error("the sweep has already ended"),
+    },
+)
+def cancel_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, principal: PrincipalDep) -> SweepPublic:
     """Cancel a sweep: queued ones end at once; running trials stop within seconds, finished ones are kept.
     Only the sweep's owner or an admin may cancel it."""
     owner = store.get(sweep_id).owner

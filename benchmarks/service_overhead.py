@@ -1,0 +1,222 @@
+"""What the service costs: the same 200-trial sweep as a plain Ray Tune script and through the service.
+
+    python benchmarks/service_overhead.py            # 200 trials
+    python benchmarks/service_overhead.py --quick    # 40 trials
+
+The sweep: task tversky.xor (a registered task) at a trivial size, steps=10 and one report (with its
+checkpoint and decision-boundary picture) per trial, a grid over `seed`, one CPU per trial, 2 at a time,
+on a local Ray with 2 CPUs. Both paths run the task's code through the same Tune trainable
+(workers.trainable.run_trial with its TuneSession, built by workers.sweep.make_trainable/make_tune_config).
+Each path first runs a 2-trial warm-up sweep on the same Ray, so neither timing holds Python imports or
+Ray's start; only the second, full sweep is timed.
+
+Plain Ray Tune (a child process, so that its Ray is gone before the service starts): `Tuner(...).fit()`
+with storage in a temp folder, Tune's default experiment-state saving, no callbacks. Timed: fit(). It runs
+a second time with the experiment state saved at every step, as the worker does, to show that part of the
+service's cost on its own line (the ratio is against the first, plain run).
+
+Through the service (the embedded stack under a temp LAYERLAB_HOME: `layerlab serve` and `layerlab worker`
+subprocesses, SQLite queue, MLflow on SQLite + an artifact folder): timed from POST /sweeps to the moment
+GET /sweeps/{id} (polled every 0.1 s) says succeeded. On top of fit() that holds: the HTTP submit and
+spec validation, the worker's poll (every 0.2 s here) and claim, its lease heartbeat, Tune's experiment
+state saved at every step (TUNE_GLOBAL_CHECKPOINT_S=0, for resume after kill -9), the MLflow experiment,
+parent run and spec artifact, per trial a child run with params, metrics and the picture, trial rows
+in the queue, and at the end the sweep summary (trials.csv and two plots from 200 metric histories).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+LAYERLAB = str(Path(sys.executable).with_name("layerlab"))
+TARGET = 1.15
+
+
+def spec_yaml(name: str, trials: int) -> str:
+    return (
+        f"name: {name}\n"
+        "task: tversky.xor\n"
+        "metric: {name: accuracy, mode: max}\n"
+        "params: {steps: 10, report_every: 10, features: 4}\n"
+        f"space: {{seed: {{grid: {list(range(trials))}}}}}\n"
+        "resources: {cpus: 1}\n"
+        "max_concurrent_trials: 2\n"
+    )
+
+
+# --- plain Ray Tune -----------------------------------------------------------------------------
+
+
+def plain(trials: int, folder: str, state_every_step: bool) -> None:
+    """Runs in a child process; prints one JSON line with the timed fit."""
+    os.environ.pop("TUNE_GLOBAL_CHECKPOINT_S", None)  # Tune's default, as a plain script has
+    if state_every_step:  # the worker's setting, to tell its cost apart from the rest of the service's
+        os.environ["TUNE_GLOBAL_CHECKPOINT_S"] = "0"
+    import ray
+    from ray import tune
+
+    from service.spec import parse_spec
+    from workers.sweep import make_trainable, make_tune_config, param_space
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    def fit(name: str, n: int) -> tuple[float, int]:
+        spec = parse_spec(spec_yaml(name, n))
+        tuner = tune.Tuner(
+            make_trainable(spec, folder),
+            param_space=param_space(spec),
+            tune_config=make_tune_config(spec),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=folder,
+                failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+                verbose=0,
+            ),
+        )
+        start = time.perf_counter()
+        results = tuner.fit()
+        took = time.perf_counter() - start
+        assert not results.errors, results.errors
+        return took, len([r for r in results if r.metrics.get("accuracy") is not None])
+
+    fit("warmup", 2)
+    took, finished = fit("timed", trials)
+    ray.shutdown()
+    print(json.dumps({"seconds": took, "finished": finished}))
+
+
+def run_plain(trials: int, state_every_step: bool = False) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="rt", dir="/tmp") as ray_tmp, tempfile.TemporaryDirectory() as folder:
+        env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
+        done = subprocess.run(
+            [sys.executable, __file__, "--plain-child", str(trials), folder, str(int(state_every_step))],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+    if done.returncode != 0:
+        raise SystemExit(f"the plain Tune run failed:\n{done.stderr[-4000:]}")
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+# --- through the service ------------------------------------------------------------------------
+
+
+def run_service(trials: int) -> dict[str, float]:
+    import httpx
+
+    home = Path(tempfile.mkdtemp(prefix="layerlab-overhead-"))
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's socket paths must stay short
+    port = _free_port()
+    env = {
+        **os.environ,
+        "LAYERLAB_HOME": str(home),
+        "LAYERLAB_API_URL": f"http://127.0.0.1:{port}",
+        "LAYERLAB_POLL_SECONDS": "0.2",
+        "LAYERLAB_RAY_NUM_CPUS": "2",
+        "RAY_TMPDIR": ray_tmp,
+    }
+    for key in ("RAY_ADDRESS", "LAYERLAB_DATABASE_URL", "LAYERLAB_MLFLOW_TRACKING_URI", "LAYERLAB_TUNE_STORAGE"):
+        env.pop(key, None)
+    token = subprocess.run(
+        [LAYERLAB, "token", "create", "--user", "bench", "--admin"], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    procs = []
+    try:
+        for name, cmd in (("api", ["serve", "--port", str(port)]), ("worker", ["worker", "--worker-id", "bench"])):
+            log = open(home / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+            procs.append(subprocess.Popen([LAYERLAB, *cmd], env=env, stdout=log, stderr=log, start_new_session=True))
+        base, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
+        _wait(lambda: httpx.get(f"{base}/healthz", timeout=2).status_code == 200, 120, "the API")
+
+        def sweep(name: str, n: int) -> dict[str, float]:
+            headers = {**auth, "content-type": "application/yaml"}
+            start = time.perf_counter()
+            created = httpx.post(f"{base}/sweeps", content=spec_yaml(name, n), headers=headers, timeout=30)
+            assert created.status_code == 201, created.text
+            url = f"{base}/sweeps/{created.json()['id']}"
+            while (body := httpx.get(url, headers=auth, timeout=30).json())["state"] in ("queued", "running"):
+                time.sleep(0.1)
+            took = time.perf_counter() - start
+            assert body["state"] == "succeeded", (body["state"], body["reason"], (home / "worker.log"))
+            assert body["trials"]["finished"] == n, body["trials"]
+            in_worker = datetime.fromisoformat(body["finished_at"]) - datetime.fromisoformat(body["started_at"])
+            return {"seconds": took, "in_worker": in_worker.total_seconds(), "finished": body["trials"]["finished"]}
+
+        sweep("warmup", 2)
+        return sweep("timed", trials)
+    finally:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)  # the worker's group holds its local Ray too
+                proc.wait(timeout=60)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(ready: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if ready():
+                return
+        except Exception:  # not up yet
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"{what} did not start within {timeout:.0f}s")
+
+
+def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--plain-child":
+        plain(int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1")
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="40 trials instead of 200")
+    args = parser.parse_args()
+    trials = 40 if args.quick else 200
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"{trials}-trial tversky.xor sweep (steps=10), 2 trials at a time on local Ray with 2 CPUs; "
+          f"{os.cpu_count()} CPUs, load average before {load}")  # fmt: skip
+    base = run_plain(trials)
+    print(f"  plain Ray Tune (baseline): {base['seconds']:.1f}s for {base['finished']:.0f} trials "
+          f"({base['seconds'] / trials * 1e3:.0f} ms per trial)")  # fmt: skip
+    saving = run_plain(trials, state_every_step=True)
+    print(f"  plain, state saved at every step (the worker's TUNE_GLOBAL_CHECKPOINT_S=0): {saving['seconds']:.1f}s "
+          f"= {saving['seconds'] / base['seconds']:.2f}x")  # fmt: skip
+    served = run_service(trials)
+    print(f"  through the service:       {served['seconds']:.1f}s for {served['finished']:.0f} trials, POST to "
+          f"succeeded ({served['in_worker']:.1f}s from claim to end in the worker)")  # fmt: skip
+    ratio = served["seconds"] / base["seconds"]
+    met = "met" if ratio <= TARGET else "MISSED"
+    print(f"ratio service / plain: {ratio:.2f}x (claim to end: {served['in_worker'] / base['seconds']:.2f}x); "
+          f"target <= {TARGET}: {met}; load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
