@@ -8,12 +8,16 @@ given to another worker. Expired leases are reclaimed at every claim.
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Engine, func, select, update
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
 from service.db import get_engine, migrate, session_factory
@@ -22,6 +26,7 @@ from service.models import TERMINAL, Event, Sweep, SweepState, Trial, TrialState
 from service.spec import SweepSpec, spec_to_yaml
 
 log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,41 @@ class Claim:
     mlflow_parent_run_id: str | None
 
 
+def waits_out_outages(method: F) -> F:
+    """A worker's call waits out a database it cannot reach (up to the store's `outage_seconds`), then
+    carries on, reconnecting through the pool's pre-ping. Each call is one transaction, so a failed
+    attempt left nothing behind and runs again whole. (Unless the server died between committing and
+    answering: a retried `trial_started` then counts one start twice, a retried `finish` finds the sweep
+    ended and raises LeaseLost.)"""
+
+    @functools.wraps(method)
+    def wrapper(store: QueueStore, *args: Any, **kwargs: Any) -> Any:
+        started, attempts = time.monotonic(), 0
+        while True:
+            try:
+                result = method(store, *args, **kwargs)
+            except DBAPIError as exc:
+                waited = time.monotonic() - started
+                unreachable = isinstance(exc, OperationalError) or exc.connection_invalidated
+                if not unreachable or waited >= store.outage_seconds:
+                    raise
+                if attempts % 30 == 0:  # once, then about every 30 s
+                    log.warning("queue database unreachable (%s); %s waits (%.0fs)", exc.orig, method.__name__, waited)
+                attempts += 1
+                time.sleep(1.0)
+                continue
+            if attempts:
+                log.info("queue database back after %.0fs; %s done", time.monotonic() - started, method.__name__)
+            return result
+
+    return cast(F, wrapper)
+
+
 class QueueStore:
-    def __init__(self, url: str, *, run_migrations: bool = True) -> None:
+    def __init__(self, url: str, *, run_migrations: bool = True, outage_seconds: float = 0.0) -> None:
+        """`outage_seconds`: how long worker-side calls wait out an unreachable database (the API's
+        store keeps 0: it answers 503 at once and lets the client retry)."""
+        self.outage_seconds = outage_seconds
         self.engine: Engine = get_engine(url)
         if run_migrations:
             migrate(self.engine)
@@ -79,6 +117,7 @@ class QueueStore:
         log.info("submit sweep %s (%s)", sweep.id, spec.name, extra={"action": "submit", "job_id": sweep.id})
         return sweep
 
+    @waits_out_outages
     def get(self, sweep_id: int) -> Sweep:
         with self.session() as s:
             sweep = s.get(Sweep, sweep_id)
@@ -93,6 +132,7 @@ class QueueStore:
         with self.session() as s:
             return list(s.scalars(q))
 
+    @waits_out_outages
     def trials(self, sweep_id: int) -> list[Trial]:
         with self.session() as s:
             return list(s.scalars(select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.id)))
@@ -133,9 +173,20 @@ class QueueStore:
 
     # --- claim / heartbeat / finish (worker side) -------------------------------------------
 
-    def reclaim_expired(self, s: Session) -> int:
-        """Return sweeps whose worker stopped heartbeating to the queue (or end them). Caller commits."""
+    def reclaim_expired(self, s: Session, lease_seconds: float = 0.0) -> int:
+        """Return sweeps whose worker stopped heartbeating to the queue (or end them). Caller commits.
+
+        A lease measures a worker's silence, but while the database itself is down no worker can
+        renew: after PostgreSQL restarts, every lease gets `lease_seconds` to be renewed before it
+        counts as expired. Otherwise the first claim after a long outage would requeue every running
+        sweep and a second worker would run each one beside its first. (Workers cut off from a
+        database that stays up lose their leases as usual: the others cannot tell them from dead ones.)
+        """
         now = utcnow()
+        if self.is_postgres and lease_seconds > 0:
+            up_for = s.scalar(select(func.now() - func.pg_postmaster_start_time()))
+            if up_for is not None and up_for < timedelta(seconds=lease_seconds):
+                return 0
         q = select(Sweep).where(Sweep.state == SweepState.running, Sweep.lease_expires_at < now)
         if self.is_postgres:
             q = q.with_for_update(skip_locked=True)
@@ -162,7 +213,7 @@ class QueueStore:
     def claim(self, worker_id: str, lease_seconds: float) -> Claim | None:
         """Take the queued sweep with the highest priority, oldest first; None if there is none."""
         with self.session() as s, s.begin():
-            self.reclaim_expired(s)
+            self.reclaim_expired(s, lease_seconds)
             s.flush()
             q = (
                 select(Sweep)
@@ -201,6 +252,7 @@ class QueueStore:
             Sweep.state == SweepState.running,
         )
 
+    @waits_out_outages
     def heartbeat(self, claim: Claim, lease_seconds: float) -> bool:
         """Renew the lease. Returns whether a cancel was requested; raises LeaseLost if not ours."""
         with self.session() as s, s.begin():
@@ -209,6 +261,7 @@ class QueueStore:
                 raise LeaseLost(claim.sweep_id, claim.worker_id, claim.attempt)
             return bool(s.scalar(select(Sweep.cancel_requested).where(Sweep.id == claim.sweep_id)))
 
+    @waits_out_outages
     def _end(self, claim: Claim, state: SweepState, reason: str | None, **values: Any) -> None:
         with self.session() as s, s.begin():
             stmt = self._fenced(claim).values(
@@ -228,6 +281,7 @@ class QueueStore:
     def cancelled(self, claim: Claim, reason: str = "cancelled by request") -> None:
         self._end(claim, SweepState.cancelled, reason)
 
+    @waits_out_outages
     def requeue(self, claim: Claim, reason: str) -> None:
         """Give the sweep back (worker shutting down): it keeps its place in the queue."""
         with self.session() as s, s.begin():
@@ -236,6 +290,7 @@ class QueueStore:
                 raise LeaseLost(claim.sweep_id, claim.worker_id, claim.attempt)
             s.add(Event(sweep_id=claim.sweep_id, action="requeue", detail=reason))
 
+    @waits_out_outages
     def set_fields(self, claim: Claim, **values: Any) -> None:
         """Record worker-owned facts (MLflow ids, best trial, model version), fenced like the rest."""
         with self.session() as s, s.begin():
@@ -255,6 +310,7 @@ class QueueStore:
             s.flush()
         return trial
 
+    @waits_out_outages
     def trial_started(self, sweep_id: int, trial_id: str, config: dict[str, Any], node_id: str | None = None) -> Trial:
         with self.session() as s, s.begin():
             trial = self._trial(s, sweep_id, trial_id)
@@ -264,6 +320,7 @@ class QueueStore:
             trial.updated_at = utcnow()
         return trial
 
+    @waits_out_outages
     def trial_result(
         self, sweep_id: int, trial_id: str, iteration: int, metrics: dict[str, Any], node_id: str | None = None
     ) -> None:
@@ -274,11 +331,13 @@ class QueueStore:
                 trial.iteration, trial.metrics = iteration, metrics
             trial.updated_at = utcnow()
 
+    @waits_out_outages
     def trial_ended(self, sweep_id: int, trial_id: str, state: TrialState) -> None:
         with self.session() as s, s.begin():
             trial = self._trial(s, sweep_id, trial_id)
             trial.state, trial.updated_at = state.value, utcnow()
 
+    @waits_out_outages
     def set_trial_run(self, sweep_id: int, trial_id: str, run_id: str) -> str:
         """Store the trial's MLflow run id once; returns the id that won (an earlier one if stored)."""
         with self.session() as s, s.begin():
@@ -287,6 +346,7 @@ class QueueStore:
                 trial.mlflow_run_id = run_id
             return trial.mlflow_run_id
 
+    @waits_out_outages
     def advance_logged(self, sweep_id: int, trial_id: str, iteration: int) -> bool:
         """Atomically move the trial's logged high-water mark forward; False if `iteration` was logged."""
         with self.session() as s, s.begin():

@@ -9,10 +9,13 @@ sweep id and look up the live context (this attempt's claim, store, tracker, can
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import math
+import os
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ray import tune
@@ -108,6 +111,78 @@ def make_tune_config(spec: SweepSpec) -> tune.TuneConfig:
     )
 
 
+STATE_BACKUP = ".complete"
+"""Suffix of the previous complete experiment state (Tune never reads it: only *.json)."""
+
+
+def keep_experiment_state_restorable() -> None:
+    """Make Tune's experiment state survive a kill -9 of the worker.
+
+    Tune (2.60) rewrites its experiment state file in place (open "w", json.dump), here at every step
+    (TUNE_GLOBAL_CHECKPOINT_S=0), and a background thread copies the folder to the storage path while
+    the next write may be under way. A kill inside a write or a copy leaves the stored file cut short;
+    the next `Tuner.restore` then logs "Failed to restore the run state" and silently starts the whole
+    experiment again, from scratch under new trial ids (found by tests/faults). So the state is written
+    to a temp file and renamed (a reader sees the old file or the new one), and the previous version is
+    kept beside it for `repair_experiment_state`. Tune's searcher and callback states are already
+    written this way.
+    """
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.utils.serialization import TuneFunctionEncoder
+
+    if getattr(TuneController.save_to_dir, "atomic", False):
+        return
+
+    def save_to_dir(self: Any) -> None:
+        # Ray 2.60's TuneController.save_to_dir, but the state goes to a temp file that is then renamed.
+        runner_state = {
+            "trial_data": list(self._get_trial_checkpoints().values()),
+            "runner_data": self.__getstate__(),
+            "stats": {"start_time": self._start_time},
+        }
+        staging = Path(self._storage.experiment_driver_staging_path)
+        staging.mkdir(parents=True, exist_ok=True)
+        final = staging / self.experiment_state_file_name
+        partial = final.with_name(final.name + ".partial")
+        partial.write_text(json.dumps(runner_state, cls=TuneFunctionEncoder))
+        if final.exists():  # a hard link, then a rename: the previous version never goes missing
+            os.link(final, final.with_name(final.name + ".link"))
+            os.replace(final.with_name(final.name + ".link"), final.with_name(final.name + STATE_BACKUP))
+        os.replace(partial, final)
+        self._search_alg.save_to_dir(str(staging), session_str=self._session_str)
+        self._callbacks.save_to_dir(str(staging), session_str=self._session_str)
+
+    save_to_dir.atomic = True  # type: ignore[attr-defined]
+    TuneController.save_to_dir = save_to_dir  # type: ignore[method-assign]
+
+
+def repair_experiment_state(experiment_path: str) -> None:
+    """Before a restore from local storage: a state file that a kill cut short while copying it there is
+    replaced by its previous version, or removed if that is cut short too, so that Tune restores the
+    newest complete state. (An object store such as S3 never holds half a file.)"""
+    folder = Path(experiment_path)
+    if "://" in experiment_path or not folder.is_dir():
+        return
+    for state in folder.glob("experiment_state-*.json"):
+        if _is_json(state):
+            continue
+        backup = state.with_name(state.name + STATE_BACKUP)
+        if _is_json(backup):
+            log.warning("%s was cut short by a kill; restoring its previous version", state.name)
+            os.replace(backup, state)
+        else:
+            log.warning("%s was cut short by a kill and has no complete version; removing it", state.name)
+            state.unlink()
+
+
+def _is_json(path: Path) -> bool:
+    try:
+        json.loads(path.read_bytes())
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 class CancelStopper(tune.Stopper):
     """Stops the whole experiment once the sweep is cancelled (trials end; nothing to resume).
 
@@ -151,7 +226,7 @@ class ProgressCallback(tune.Callback):
         if live is None:
             return
         live.store.trial_started(self.sweep_id, trial.trial_id, dict(trial.config))
-        live.tracker.child_run(trial.trial_id, dict(trial.config))
+        live.tracker.start_trial(trial.trial_id, dict(trial.config))
 
     def on_trial_result(
         self, iteration: int, trials: list[TuneTrial], trial: TuneTrial, result: dict[str, Any], **info: Any
@@ -172,6 +247,8 @@ class ProgressCallback(tune.Callback):
         # reports iterations that were already logged before the crash; those are skipped.
         if metrics and live.store.advance_logged(self.sweep_id, trial.trial_id, step):
             live.tracker.log_trial_metrics(trial.trial_id, metrics, step)
+        elif metrics:
+            live.tracker.log_replayed_metrics(trial.trial_id, metrics, step)
         value = metrics.get(live.spec.metric.name)
         if value is not None and _better(value, live.best, live.spec.metric.mode or "max"):
             live.best = value

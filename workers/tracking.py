@@ -3,19 +3,30 @@
 Run ids are stored in the queue store, and every run carries `layerlab.*` tags, so a resumed sweep
 finds and reuses its runs (first in the store, then by tag in MLflow for a run created just before
 a crash) instead of creating duplicates. Ray's MLflowLoggerCallback has neither nesting nor restore.
+
+Training never waits for MLflow: a write during the sweep that finds the server unreachable is kept,
+in order, and delivered once it answers again (`flush`); the sweep ends only after the backlog is in.
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import logging
+import os
 import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import requests
 from mlflow.entities import Metric, Param, RunStatus
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from service.queue import Claim, QueueStore
@@ -25,6 +36,15 @@ from service.spec import SweepSpec
 log = logging.getLogger(__name__)
 
 PARENT_TAG, SWEEP_TAG, TRIAL_TAG = "layerlab.role", "layerlab.sweep_id", "layerlab.trial_id"
+MLFLOW_OUTAGE_SECONDS = 900.0
+"""How long a sweep waits for an unreachable MLflow server where it cannot go on without it: its
+parent run at the start, the backlog of writes at the end."""
+RETRY_SECONDS = 5.0
+"""Pause between attempts to reach MLflow while writes are kept back."""
+FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+"""MLflow's HTTP retries around the writes made during a sweep. Its default retries a refused request
+for about 4 minutes, and a Tune callback waiting on it holds up every trial; these writes are kept
+back and delivered later instead (`SweepTracker._write`)."""
 
 
 def _param_value(v: Any) -> str:
@@ -34,12 +54,81 @@ def _param_value(v: Any) -> str:
 
 class SweepTracker:
     def __init__(self, settings: Settings, store: QueueStore, claim: Claim, spec: SweepSpec) -> None:
-        self.client = MlflowClient(tracking_uri=settings.tracking_uri)
         self.settings, self.store, self.claim, self.spec = settings, store, claim, spec
         self.sweep_id = claim.sweep_id
-        self.experiment_id = self._experiment()
-        self.parent_run_id = self._parent_run()
         self._children: dict[str, str] = {}
+        self._backlog: list[tuple[str, Callable[[], object]]] = []  # (what, write), oldest first
+        self._retry_at = 0.0
+        self._logged_up_to: dict[str, int | None] = {}  # trial id -> highest step MLflow holds (replays)
+        with _first_use_lock(settings.tracking_uri):  # MlflowClient opens its store (creating it) at once
+            self.client = MlflowClient(tracking_uri=settings.tracking_uri)
+            self.experiment_id = self._waiting("find the experiment", self._experiment)
+        self.parent_run_id = self._waiting("start the parent run", self._parent_run)
+
+    # --- when the server is down ---------------------------------------------------------------
+
+    def _waiting(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Run a write the sweep cannot go on without, waiting out an unreachable server."""
+        deadline = time.monotonic() + MLFLOW_OUTAGE_SECONDS
+        while True:
+            try:
+                return fn()
+            except Exception as exc:
+                if not unreachable(exc) or time.monotonic() > deadline:
+                    raise
+                log.warning("MLflow unreachable (%s); waiting to %s", _short(exc), what)
+            time.sleep(RETRY_SECONDS)
+
+    def _write(self, what: str, write: Callable[[], object]) -> None:
+        """A write during the sweep: now, or after the ones kept back, or kept back itself."""
+        if self._backlog and not self.flush():
+            self._backlog.append((what, write))
+            return
+        try:
+            with _fail_fast():
+                write()
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            log.warning("MLflow unreachable (%s); keeping writes until it answers, from: %s", _short(exc), what)
+            self._backlog.append((what, write))
+            self._retry_at = time.monotonic() + RETRY_SECONDS
+
+    def flush(self, wait_seconds: float = 0.0) -> bool:
+        """Deliver the writes kept back, oldest first; True once none is left. Tries the server at most
+        every RETRY_SECONDS (a cheap health probe first), for up to `wait_seconds`."""
+        deadline = time.monotonic() + wait_seconds
+        kept = len(self._backlog)
+        while self._backlog:
+            if time.monotonic() < self._retry_at or not self._answers():
+                self._retry_at = max(self._retry_at, time.monotonic() + RETRY_SECONDS)
+                if self._retry_at > deadline:
+                    return False
+                time.sleep(max(0.0, self._retry_at - time.monotonic()))
+                continue
+            what, write = self._backlog[0]
+            try:
+                with _fail_fast():
+                    write()  # each write is safe to repeat: see the callers
+            except Exception as exc:
+                if not unreachable(exc):
+                    raise
+                self._retry_at = time.monotonic() + RETRY_SECONDS
+                continue
+            self._backlog.pop(0)
+        if kept:
+            log.info("MLflow answers again: delivered %d writes kept back", kept)
+        return True
+
+    def _answers(self) -> bool:
+        uri = self.settings.tracking_uri
+        if not uri.startswith(("http://", "https://")):
+            return True  # a local store: nothing to probe
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
 
     # --- experiment and parent run -----------------------------------------------------------
 
@@ -103,6 +192,10 @@ class SweepTracker:
 
     # --- child runs --------------------------------------------------------------------------
 
+    def start_trial(self, trial_id: str, config: dict[str, Any]) -> None:
+        # Safe to repeat: child_run finds a run it created (by tag) before using a new one.
+        self._write(f"start trial {trial_id}", lambda: self.child_run(trial_id, config))
+
     def child_run(self, trial_id: str, config: dict[str, Any]) -> str:
         if trial_id in self._children:
             return self._children[trial_id]
@@ -128,19 +221,58 @@ class SweepTracker:
         return run_id
 
     def log_trial_metrics(self, trial_id: str, metrics: dict[str, float], step: int) -> None:
-        run_id = self._children.get(trial_id) or self.child_run(trial_id, {})
-        ts = _now_ms()
-        self.client.log_batch(run_id, metrics=[Metric(k, v, ts, step) for k, v in metrics.items()])
+        # The timestamp is taken now: a repeated write is then the same metric, which MLflow stores once.
+        batch = [Metric(k, v, _now_ms(), step) for k, v in metrics.items()]
+
+        def write() -> None:
+            run_id = self._children.get(trial_id) or self.child_run(trial_id, {})
+            self.client.log_batch(run_id, metrics=batch)
+
+        self._write(f"trial {trial_id} step {step}", write)
+
+    def log_replayed_metrics(self, trial_id: str, metrics: dict[str, float], step: int) -> None:
+        """A result for a step that an earlier attempt claimed (`trials.logged_iteration`) before it
+        was killed: log it if MLflow never got it (the kill came between the claim and the write).
+        Trials replay the steps after their last checkpoint, so such a step comes round again."""
+        if trial_id not in self._logged_up_to:
+            self._logged_up_to[trial_id] = self._highest_logged_step(trial_id)
+        high = self._logged_up_to[trial_id]
+        if high is not None and step > high:
+            log.info("trial %s: step %d never reached MLflow before a crash; logging it now", trial_id, step)
+            self.log_trial_metrics(trial_id, metrics, step)
+            self._logged_up_to[trial_id] = step
+
+    def _highest_logged_step(self, trial_id: str) -> int | None:
+        """None when it cannot be known now (MLflow away): the step is then skipped, as before."""
+        run_id = self._children.get(trial_id)
+        if run_id is None or self._backlog:
+            return None
+        try:
+            with _fail_fast():
+                keys = self.client.get_run(run_id).data.metrics
+                steps = [m.step for key in keys for m in self.client.get_metric_history(run_id, key)]
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            return None
+        return max(steps, default=0)
 
     def log_trial_files(self, trial_id: str, files: dict[str, bytes]) -> None:
         """Files a task logged with `session.log_artifact`, on the trial's child run (re-logging after
         a resume overwrites the same paths: no duplicates)."""
-        _log_files(self.client, self._children.get(trial_id) or self.child_run(trial_id, {}), files)
+
+        def write() -> None:
+            _log_files(self.client, self._children.get(trial_id) or self.child_run(trial_id, {}), files)
+
+        self._write(f"trial {trial_id} files", write)
 
     def end_trial(self, trial_id: str, status: str) -> None:
-        run_id = self._children.get(trial_id)
-        if run_id:
-            self.client.set_terminated(run_id, status=status)
+        def write() -> None:
+            run_id = self._children.get(trial_id)
+            if run_id:
+                self.client.set_terminated(run_id, status=status)
+
+        self._write(f"end trial {trial_id}", write)
 
     def end_open_trials(self, status: str) -> None:
         """Close child runs of trials that were still running when the sweep stopped (cancel)."""
@@ -230,9 +362,51 @@ def _log_files(client: MlflowClient, run_id: str, files: dict[str, bytes], folde
         client.log_artifacts(run_id, d, artifact_path=folder)
 
 
-def _now_ms() -> int:
-    import time
+@contextmanager
+def _fail_fast() -> Iterator[None]:
+    # MLflow reads these at every request; only this (the driver's) thread makes MLflow calls.
+    saved = {k: os.environ.get(k) for k in FAIL_FAST}
+    os.environ.update(FAIL_FAST)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
+
+@contextmanager
+def _first_use_lock(tracking_uri: str) -> Iterator[None]:
+    """Two workers that open a new SQLite MLflow store at the same time both create its tables, and
+    the loser leaves the store half-migrated for good: every later sweep failed (found by tests/faults,
+    two workers started together). The first use of the store holds a file lock beside it."""
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    with open(tracking_uri.removeprefix("sqlite:///") + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def unreachable(exc: Exception) -> bool:
+    """The tracking server did not answer, or answered 5xx (down, restarting, overloaded): worth trying
+    again later. An answer that refuses the write (4xx) is not, and fails as before."""
+    if isinstance(exc, MlflowException):
+        status: int = exc.get_http_status_code()  # type: ignore[no-untyped-call]
+        return status >= 500
+    return isinstance(exc, requests.exceptions.RequestException | OSError)
+
+
+def _short(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+
+
+def _now_ms() -> int:
     return int(time.time() * 1000)
 
 

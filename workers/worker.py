@@ -34,6 +34,10 @@ RAY_ENV_DEFAULTS = {
     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "60",
     "TUNE_MAX_PENDING_TRIALS_PG": "8",
 }
+DB_OUTAGE_SECONDS = 900.0
+"""How long the worker's queue writes wait out an unreachable database (a restart, a failover) before
+the sweep fails. Meanwhile Tune's controller waits in the progress callback; the lease survives a
+restart of the database (service.queue.QueueStore.reclaim_expired)."""
 
 
 def ensure_ray(settings: Settings) -> None:
@@ -62,7 +66,7 @@ def interrupt_tune() -> None:
 class Worker:
     def __init__(self, settings: Settings, worker_id: str | None = None) -> None:
         self.settings = settings
-        self.store = QueueStore(settings.queue_url)
+        self.store = QueueStore(settings.queue_url, outage_seconds=DB_OUTAGE_SECONDS)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.shutdown = threading.Event()
         self._handles_signals = False
@@ -157,11 +161,13 @@ class Worker:
             CancelStopper,
             LiveSweep,
             ProgressCallback,
+            keep_experiment_state_restorable,
             make_trainable,
             make_tune_config,
             param_space,
+            repair_experiment_state,
         )
-        from workers.tracking import SweepTracker
+        from workers.tracking import MLFLOW_OUTAGE_SECONDS, SweepTracker
 
         spec = SweepSpec.model_validate(claim.spec)
         task = get_task(spec.task)
@@ -179,6 +185,8 @@ class Worker:
         name = f"sweep-{claim.sweep_id}"
         path = storage.rstrip("/") + "/" + name
         trainable = make_trainable(spec, storage)
+        keep_experiment_state_restorable()
+        repair_experiment_state(path)
         if tune.Tuner.can_restore(path):
             log.info("sweep %s: resuming %s", claim.sweep_id, path, extra={"action": "restore"})
             tuner = tune.Tuner.restore(path, trainable=trainable, param_space=param_space(spec), resume_errored=True)
@@ -204,8 +212,12 @@ class Worker:
             log.warning("sweep %s: lease lost; leaving the outcome to its new owner", claim.sweep_id)
             return
         if self.shutdown.is_set() and not live.cancel.is_set():
+            tracker.flush(wait_seconds=10)  # writes still kept back now are lost (logged_iteration moved on)
             self.store.requeue(claim, f"worker {self.worker_id} shut down; the sweep resumes on the next claim")
             return
+        if not tracker.flush(wait_seconds=MLFLOW_OUTAGE_SECONDS):
+            uri = self.settings.tracking_uri
+            raise RuntimeError(f"MLflow at {uri} stayed unreachable; metrics of this sweep are missing there")
         if live.cancel.is_set():
             tracker.end_open_trials("KILLED")
             tracker.log_summary()
