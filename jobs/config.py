@@ -70,3 +70,18 @@ def field_docs(cls: type) -> dict[str, str]:
         ):
             docs[node.target.id] = inspect.cleandoc(nxt.value.value)
     return docs
+
+
+def check_lm_schedule(cfg: Any, steps: str = "max_steps") -> None:
+    """The cross-field rules every GPT-style LM config shares: heads divide the width, warmup ends before
+    the last step (`steps` names the config's step-count field) and, where the config evaluates during
+    training, the first evaluation comes no later than the last step."""
+    if cfg.n_embd % cfg.n_head != 0:
+        raise ValueError(
+            f"n_embd: must be divisible by n_head ({cfg.n_head}), got {cfg.n_embd}; change n_embd or n_head"
+        )
+    total = getattr(cfg, steps)
+    if hasattr(cfg, "eval_every") and cfg.eval_every > total:
+        raise ValueError(f"eval_every: must be <= {steps} ({total}), got {cfg.eval_every}; lower it or raise {steps}")
+    if cfg.warmup_steps >= total:
+        raise ValueError(f"warmup_steps: must be < {steps} ({total}), got {cfg.warmup_steps}")

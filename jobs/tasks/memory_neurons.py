@@ -36,7 +36,7 @@ from typing import Annotated, Any
 import annotated_types as at
 import torch
 
-from jobs.config import check_fields
+from jobs.config import check_fields, check_lm_schedule
 from jobs.data.text import EOS, UNK, Corpus, decode, eval_windows, load_text
 from jobs.layers import knowledge_neurons as kn
 from jobs.layers.gpt import GPT, Projection
@@ -100,12 +100,7 @@ class NeuronsConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd: must be divisible by n_head ({self.n_head}), got {self.n_embd}; change n_embd or n_head"
-            )
-        if self.warmup_steps >= self.lm_steps:
-            raise ValueError(f"warmup_steps: must be < lm_steps ({self.lm_steps}), got {self.warmup_steps}")
+        check_lm_schedule(self, steps="lm_steps")
         if self.prompt_len > self.block_size:
             raise ValueError(f"prompt_len: must be <= block_size ({self.block_size}), got {self.prompt_len}")
         if self.fact_context > self.prompt_len:

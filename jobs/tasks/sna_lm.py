@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from jobs.config import check_fields
+from jobs.config import check_fields, check_lm_schedule
 from jobs.data.text import SPLITS, eval_windows, get_batch, load_pydoc
 from jobs.layers.gpt import GPT, GPTConfig
 from jobs.layers.separable_attention import Kernel, KernelCausalSelfAttention
@@ -92,17 +92,7 @@ class SnaLmConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd: must be divisible by n_head ({self.n_head}), got {self.n_embd}; change n_embd or n_head"
-            )
-        if self.eval_every > self.max_steps:
-            raise ValueError(
-                f"eval_every: must be <= max_steps ({self.max_steps}), got {self.eval_every}; "
-                "lower it or raise max_steps"
-            )
-        if self.warmup_steps >= self.max_steps:
-            raise ValueError(f"warmup_steps: must be < max_steps ({self.max_steps}), got {self.warmup_steps}")
+        check_lm_schedule(self)
 
 
 METRICS = {"val/bpc": "min", "val/loss": "min", "train/loss": "min", "tokens_per_s": "max", "params/total": "min"}

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from jobs.config import check_fields
+from jobs.config import check_fields, check_lm_schedule
 from jobs.data.text import Corpus, eval_windows, get_batch, load_text
 from jobs.layers.gpt import GPT, GPTConfig, Projection
 from jobs.layers.tversky import Difference, Intersection, Semantics, SimilarityModel
@@ -106,17 +106,7 @@ class LmConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd: must be divisible by n_head ({self.n_head}), got {self.n_embd}; change n_embd or n_head"
-            )
-        if self.eval_every > self.max_steps:
-            raise ValueError(
-                f"eval_every: must be <= max_steps ({self.max_steps}), got {self.eval_every}; "
-                "lower it or raise max_steps"
-            )
-        if self.warmup_steps >= self.max_steps:
-            raise ValueError(f"warmup_steps: must be < max_steps ({self.max_steps}), got {self.warmup_steps}")
+        check_lm_schedule(self)
         if self.data_files is not None and self.corpus != "ptb":
             raise ValueError(f"data_files: only the ptb corpus reads files, got corpus={self.corpus!r}")
 
