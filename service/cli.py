@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import httpx
 import typer
@@ -21,6 +21,9 @@ from rich.table import Table
 
 from service.errors import SpecError
 from service.settings import Settings, get_settings
+
+if TYPE_CHECKING:  # the CLI imports SQLAlchemy only for the commands that need it
+    from service.tokens import TokenStore
 
 app = typer.Typer(help="layerlab: sweeps of new neural-network primitives on Ray Tune, tracked in MLflow.")
 token_app = typer.Typer(help="API tokens (operators; talks to the queue database directly).")
@@ -278,17 +281,22 @@ def mlflow_server(
         raise _fail(str(exc), 2) from None
 
 
+def _tokens() -> TokenStore:
+    """Operators' token commands talk to the queue database directly."""
+    from service.queue import QueueStore
+    from service.tokens import TokenStore
+
+    return TokenStore(QueueStore(get_settings().queue_url))
+
+
 @token_app.command("create")
 def token_create(
     user: Annotated[str, typer.Option(help="Who the token acts as; sweeps it submits belong to them.")],
     admin: Annotated[bool, typer.Option("--admin", help="May cancel anyone's sweeps.")] = False,
 ) -> None:
     """Create a token and print it once (only its hash is stored)."""
-    from service.queue import QueueStore
-    from service.tokens import TokenStore
-
     try:
-        token_id, token = TokenStore(QueueStore(get_settings().queue_url)).create(user, admin=admin)
+        token_id, token = _tokens().create(user, admin=admin)
     except ValueError as exc:
         raise _fail(str(exc), 2) from None
     err.print(f"token {token_id} for {user}{' (admin)' if admin else ''}; it is shown only now:", markup=False)
@@ -298,11 +306,8 @@ def token_create(
 @token_app.command("revoke")
 def token_revoke(token_id: Annotated[int, typer.Argument(help="The id from `layerlab token list`.")]) -> None:
     """Revoke a token: requests with it get 401 from now on."""
-    from service.queue import QueueStore
-    from service.tokens import TokenStore
-
     try:
-        info = TokenStore(QueueStore(get_settings().queue_url)).revoke(token_id)
+        info = _tokens().revoke(token_id)
     except KeyError as exc:
         raise _fail(str(exc.args[0])) from None
     out.print(f"revoked token {info.id} of {info.user}", markup=False)
@@ -311,11 +316,8 @@ def token_revoke(token_id: Annotated[int, typer.Argument(help="The id from `laye
 @token_app.command("list")
 def token_list() -> None:
     """List tokens (id, user, prefix, admin, created, revoked); never the tokens themselves."""
-    from service.queue import QueueStore
-    from service.tokens import TokenStore
-
     table = Table("id", "user", "prefix", "admin", "created", "revoked")
-    for t in TokenStore(QueueStore(get_settings().queue_url)).list():
+    for t in _tokens().list():
         flags = ("yes" if t.admin else "", t.created_at, "yes" if t.revoked else "")
         table.add_row(str(t.id), t.user, t.prefix + "…", *flags)
     out.print(table)
