@@ -65,7 +65,8 @@ class ProgressSession(LocalSession):
 
 def train_seeds(args: argparse.Namespace) -> None:
     reached = []
-    for seed in range(args.seeds):
+    seeds = args.seed_list if args.seed_list is not None else list(range(args.seeds))
+    for seed in seeds:
         cfg = SacConfig(
             env_id=args.env_id, critic="mlp", match_params=False, critic_hidden=256, critic_depth=2,
             total_steps=args.steps, learning_starts=min(args.learning_starts, args.steps - 1),
@@ -88,7 +89,7 @@ def train_seeds(args: argparse.Namespace) -> None:
             flush=True,
         )
     if args.steps >= BAR_STEPS:
-        print(f"eval_return >= {BAR:.0f} within {BAR_STEPS} steps: {sum(reached)} of {args.seeds} seeds (bar: 2 of 3)")
+        print(f"eval_return >= {BAR:.0f} within {BAR_STEPS} steps: {sum(reached)} of {len(seeds)} seeds (bar: 2 of 3)")
     else:
         print(f"(the {BAR:.0f}-at-100k bar needs --steps {BAR_STEPS}; this run only measures throughput)")
 
@@ -149,6 +150,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100_000, help="env steps per seed (0: update timing only)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 of the MLP SAC run")
+    parser.add_argument(
+        "--seed-list", type=int, nargs="+", help="run exactly these seeds (instead of 0..N-1): one process per seed"
+    )
+    parser.add_argument("--skip-timing", action="store_true", help="leave out part 2 (the update timing)")
     parser.add_argument("--env-id", default="HalfCheetah-v5")
     parser.add_argument("--learning-starts", type=int, default=5_000)
     parser.add_argument("--eval-every", type=int, default=5_000)
@@ -166,7 +171,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} threads, {args.env_id}")
     if args.steps > 0:
         train_seeds(args)
-    time_updates(args)
+    if not args.skip_timing:
+        time_updates(args)
 
 
 if __name__ == "__main__":

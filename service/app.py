@@ -29,7 +29,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.store = QueueStore(settings.queue_url)
-    app.state.tokens = TokenStore(app.state.store)
+    app.state.tokens = TokenStore(app.state.store, cache_seconds=settings.token_cache_seconds)
     app.include_router(sweeps.router)
 
     @app.get("/healthz", tags=["health"])

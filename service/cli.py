@@ -224,6 +224,9 @@ def pull(
 def serve(
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option()] = 8000,
+    workers: Annotated[
+        int | None, typer.Option(min=1, max=64, help="Processes; LAYERLAB_API_WORKERS (1) when unset.")
+    ] = None,
 ) -> None:
     """Run the HTTP API (OpenAPI docs at /docs)."""
     import uvicorn
@@ -231,7 +234,11 @@ def serve(
     from service.app import create_app
 
     _setup_logging()
-    uvicorn.run(create_app(), host=host, port=port, log_level="info")
+    workers = workers or get_settings().api_workers
+    if workers == 1:
+        uvicorn.run(create_app(), host=host, port=port, log_level="info")
+    else:  # uvicorn starts each process from the import path; each builds its own app (and pool)
+        uvicorn.run("service.app:create_app", factory=True, workers=workers, host=host, port=port, log_level="info")
 
 
 @app.command()

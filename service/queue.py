@@ -18,7 +18,7 @@ from typing import Any, TypeVar, cast
 
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from service.db import get_engine, migrate, session_factory
 from service.errors import InvalidTransition, LeaseLost, SweepNotFound
@@ -124,6 +124,15 @@ class QueueStore:
             if sweep is None:
                 raise SweepNotFound(sweep_id)
             return sweep
+
+    def get_with_counts(self, sweep_id: int) -> tuple[Sweep, dict[str, int]]:
+        """What GET /sweeps/{id} shows, on one connection: the row (without its spec) and its trials by state."""
+        with self.session() as s:
+            sweep = s.get(Sweep, sweep_id, options=[defer(Sweep.spec), defer(Sweep.spec_yaml)])
+            if sweep is None:
+                raise SweepNotFound(sweep_id)
+            q = select(Trial.state, func.count()).where(Trial.sweep_id == sweep_id).group_by(Trial.state)
+            return sweep, {state: n for state, n in s.execute(q)}
 
     def list_sweeps(self, state: str | None = None, limit: int = 100, offset: int = 0) -> list[Sweep]:
         q = select(Sweep).order_by(Sweep.id.desc()).limit(limit).offset(offset)
@@ -322,14 +331,27 @@ class QueueStore:
 
     @waits_out_outages
     def trial_result(
-        self, sweep_id: int, trial_id: str, iteration: int, metrics: dict[str, Any], node_id: str | None = None
-    ) -> None:
+        self,
+        sweep_id: int,
+        trial_id: str,
+        iteration: int,
+        metrics: dict[str, Any],
+        node_id: str | None = None,
+        *,
+        to_log: bool = False,
+    ) -> bool:
+        """Record a result. With `to_log`, also move the logged high-water mark forward in the same
+        transaction and return False if `iteration` was logged already."""
         with self.session() as s, s.begin():
             trial = self._trial(s, sweep_id, trial_id)
             trial.node_id = node_id or trial.node_id
             if iteration >= trial.iteration:
                 trial.iteration, trial.metrics = iteration, metrics
             trial.updated_at = utcnow()
+            if not to_log or trial.logged_iteration >= iteration:
+                return False
+            trial.logged_iteration = iteration  # the row is locked (FOR UPDATE / BEGIN IMMEDIATE): no race
+            return True
 
     @waits_out_outages
     def trial_ended(self, sweep_id: int, trial_id: str, state: TrialState) -> None:
@@ -345,15 +367,3 @@ class QueueStore:
             if trial.mlflow_run_id is None:
                 trial.mlflow_run_id = run_id
             return trial.mlflow_run_id
-
-    @waits_out_outages
-    def advance_logged(self, sweep_id: int, trial_id: str, iteration: int) -> bool:
-        """Atomically move the trial's logged high-water mark forward; False if `iteration` was logged."""
-        with self.session() as s, s.begin():
-            self._trial(s, sweep_id, trial_id)
-            stmt = (
-                update(Trial)
-                .where(Trial.sweep_id == sweep_id, Trial.trial_id == trial_id, Trial.logged_iteration < iteration)
-                .values(logged_iteration=iteration)
-            )
-            return bool(s.execute(stmt).rowcount == 1)  # type: ignore[attr-defined]

@@ -24,6 +24,14 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1, description="Claims of one sweep before it fails.")
     max_body_bytes: int = Field(default=256 * 1024, gt=0)
     ray_num_cpus: int | None = Field(default=None, description="CPUs of a local Ray; all when unset.")
+    api_workers: int = Field(default=1, ge=1, le=64, description="Processes of `layerlab serve` (uvicorn workers).")
+    token_cache_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        le=300,
+        description="How long an API process trusts a token it has checked before asking the database again: "
+        "a revoked token stops working within this time (0: check every request).",
+    )
     api_token: str | None = Field(
         default=None, description="The CLI's API token; `<home>/api-token` (written by `layerlab up`) when unset."
     )

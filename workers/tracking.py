@@ -57,6 +57,7 @@ class SweepTracker:
         self.settings, self.store, self.claim, self.spec = settings, store, claim, spec
         self.sweep_id = claim.sweep_id
         self._children: dict[str, str] = {}
+        self._earlier: dict[str, str] | None = None  # see _earlier_runs
         self._backlog: list[tuple[str, Callable[[], object]]] = []  # (what, write), oldest first
         self._retry_at = 0.0
         self._logged_up_to: dict[str, int | None] = {}  # trial id -> highest step MLflow holds (replays)
@@ -199,8 +200,7 @@ class SweepTracker:
     def child_run(self, trial_id: str, config: dict[str, Any]) -> str:
         if trial_id in self._children:
             return self._children[trial_id]
-        stored = next((t.mlflow_run_id for t in self.store.trials(self.sweep_id) if t.trial_id == trial_id), None)
-        run_id = stored or self._find_run(f"tags.`{TRIAL_TAG}` = '{trial_id}'")
+        run_id = self._earlier_runs().get(trial_id)
         if run_id is None:
             run = self.client.create_run(
                 self.experiment_id,
@@ -219,6 +219,28 @@ class SweepTracker:
         run_id = self.store.set_trial_run(self.sweep_id, trial_id, run_id)
         self._children[trial_id] = run_id
         return run_id
+
+    def _earlier_runs(self) -> dict[str, str]:
+        """Trial id -> child run id of the runs made before this attempt (stored in the queue, or found
+        by tag: a kill can come between creating the run and storing its id). Looked up once per
+        attempt, not per trial: a search per trial costs the square of the trial count."""
+        if self._earlier is None:
+            found: dict[str, str] = {}
+            token = None
+            while True:
+                page = self.client.search_runs(
+                    [self.experiment_id], f"tags.`{SWEEP_TAG}` = '{self.sweep_id}'", max_results=1000, page_token=token
+                )
+                for run in page:
+                    trial = run.data.tags.get(TRIAL_TAG)
+                    if trial:
+                        found.setdefault(trial, run.info.run_id)
+                token = page.token
+                if not token:
+                    break
+            found.update({t.trial_id: t.mlflow_run_id for t in self.store.trials(self.sweep_id) if t.mlflow_run_id})
+            self._earlier = found
+        return self._earlier
 
     def log_trial_metrics(self, trial_id: str, metrics: dict[str, float], step: int) -> None:
         # The timestamp is taken now: a repeated write is then the same metric, which MLflow stores once.

@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 RAY_ENV_DEFAULTS = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_AUTH_MODE": "disabled",
-    # Save Tune's experiment state at every controller step: a restore after kill -9 must not
-    # mistake a trial that had just finished for one still running (it would start it again).
+    # Let Tune save its experiment state at any controller step; workers.sweep.keep_experiment_state_restorable
+    # then saves at the steps where it matters: a restore after kill -9 must not mistake a trial that had
+    # just finished for one still running (it would start it again).
     "TUNE_GLOBAL_CHECKPOINT_S": "0",
     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "60",
     "TUNE_MAX_PENDING_TRIALS_PG": "8",

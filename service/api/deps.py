@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from service.queue import QueueStore
 from service.settings import Settings
@@ -15,17 +16,20 @@ from service.tokens import Principal, TokenStore
 bearer = HTTPBearer(auto_error=False, description="An API token from `layerlab token create --user NAME`.")
 
 
-def get_store(request: Request) -> QueueStore:
+# The dependencies are `async def` so that FastAPI calls them on the event loop: a plain `def` would
+# cost a hop to the thread pool each, per request. Only a token missing from the cache goes to the
+# database, in the thread pool.
+async def get_store(request: Request) -> QueueStore:
     store: QueueStore = request.app.state.store
     return store
 
 
-def get_app_settings(request: Request) -> Settings:
+async def get_app_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_principal(
+async def get_principal(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> Principal:
     challenge = {"WWW-Authenticate": "Bearer"}
@@ -37,7 +41,9 @@ def get_principal(
             headers=challenge,
         )
     tokens: TokenStore = request.app.state.tokens
-    principal = tokens.authenticate(credentials.credentials)
+    principal = tokens.cached(credentials.credentials)
+    if principal is None:
+        principal = await run_in_threadpool(tokens.authenticate, credentials.credentials)
     if principal is None:
         raise HTTPException(
             401, "the API token is unknown or revoked: ask an operator for a new one", headers=challenge

@@ -5,6 +5,7 @@ kill, which MLflow failures count as the server being away, and a metric a kill 
 from __future__ import annotations
 
 import json
+import pickle
 import threading
 import time
 from collections.abc import Iterator
@@ -103,6 +104,23 @@ def test_a_state_file_cut_short_is_repaired_before_a_restore(tmp_path: Path) -> 
     assert sorted(p.name for p in tmp_path.glob("experiment_state-*.json")) == [intact.name, cut.name]
 
 
+def test_a_searcher_state_cut_short_is_repaired_too(tmp_path: Path) -> None:
+    # Seen in tests/faults: a kill while the folder was copied left an empty searcher file, and Tune
+    # then started the experiment again from scratch.
+    whole = pickle.dumps({"counter": 3})
+    searcher = tmp_path / "basic-variant-state-b.json"  # a pickle, whatever its suffix
+    searcher.write_bytes(b"")
+    searcher.with_name(searcher.name + STATE_BACKUP).write_bytes(whole)
+    callbacks = tmp_path / "callback-states-b.pkl"
+    callbacks.write_bytes(whole[:5])  # cut short, no previous version
+    kept = tmp_path / "searcher-state-b.pkl"
+    kept.write_bytes(whole)
+    repair_experiment_state(str(tmp_path))
+    assert pickle.loads(searcher.read_bytes()) == {"counter": 3}
+    assert not callbacks.exists()
+    assert pickle.loads(kept.read_bytes()) == {"counter": 3}
+
+
 def test_remote_storage_is_left_alone(tmp_path: Path) -> None:
     repair_experiment_state("s3://bucket/tune/sweep-1")  # an object store holds whole files only
     repair_experiment_state(str(tmp_path / "not-there"))
@@ -134,9 +152,11 @@ def test_a_step_claimed_before_a_kill_but_never_logged_is_logged_on_replay(tmp_p
     tracker = SweepTracker(settings, store, first, spec)
     tracker.start_trial("t0", {"seed": 0})
     for step in (1, 2, 3):  # what ProgressCallback does: claim the step, then log it
-        assert store.advance_logged(first.sweep_id, "t0", step)
+        assert store.trial_result(first.sweep_id, "t0", step, {"loss": 1.0 / step}, to_log=True)
         tracker.log_trial_metrics("t0", {"loss": 1.0 / step}, step)
-    assert store.advance_logged(first.sweep_id, "t0", 4)  # killed here, before step 4 reached MLflow
+    assert store.trial_result(
+        first.sweep_id, "t0", 4, {"loss": 0.25}, to_log=True
+    )  # killed here, before step 4 reached MLflow
 
     store.requeue(first, "killed")
     second = store.claim("w2", 30)
@@ -144,9 +164,9 @@ def test_a_step_claimed_before_a_kill_but_never_logged_is_logged_on_replay(tmp_p
     again = SweepTracker(settings, store, second, spec)
     again.start_trial("t0", {"seed": 0})
     for step in (3, 4):  # the trial resumes from its checkpoint at step 2 and reports 3 and 4 again
-        assert not store.advance_logged(second.sweep_id, "t0", step)
+        assert not store.trial_result(second.sweep_id, "t0", step, {"loss": 1.0 / step}, to_log=True)
         again.log_replayed_metrics("t0", {"loss": 1.0 / step}, step)
-    assert store.advance_logged(second.sweep_id, "t0", 5)
+    assert store.trial_result(second.sweep_id, "t0", 5, {"loss": 0.2}, to_log=True)
     again.log_trial_metrics("t0", {"loss": 0.2}, 5)
 
     [trial] = store.trials(second.sweep_id)

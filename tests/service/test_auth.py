@@ -7,6 +7,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from service.app import create_app
 from service.models import TrialState
 from service.queue import QueueStore
 from service.settings import Settings
+from service.tokens import TokenStore
 
 LAYERLAB = str(Path(sys.executable).with_name("layerlab"))
 
@@ -99,6 +101,22 @@ def test_revoked_tokens_stop_working_and_only_hashes_are_stored(
     assert client.get("/sweeps", headers=auth(tokens["bob"])).status_code == 200
     client.app.state.tokens.revoke(bob.id)  # type: ignore[attr-defined]
     assert client.get("/sweeps", headers=auth(tokens["bob"])).status_code == 401
+
+
+def test_a_token_revoked_elsewhere_stops_working_within_the_cache_time(tmp_path: Path) -> None:
+    # The API process keeps checked tokens for token_cache_seconds; a revoke made by another process
+    # (the operator's CLI: another TokenStore on the same database) reaches it when that time is up.
+    settings = Settings(home=tmp_path, database_url=None, token_cache_seconds=0.5)
+    app = create_app(settings)
+    token = app.state.tokens.create("carol")[1]
+    with TestClient(app) as client:
+        assert client.get("/sweeps", headers=auth(token)).status_code == 200
+        operator = TokenStore(QueueStore(settings.queue_url))
+        operator.revoke(next(t.id for t in operator.list() if t.user == "carol"))
+        assert client.get("/sweeps", headers=auth(token)).status_code == 200  # still cached
+        time.sleep(0.6)
+        assert client.get("/sweeps", headers=auth(token)).status_code == 401
+    db.dispose_all()
 
 
 def test_openapi_declares_bearer_auth(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:

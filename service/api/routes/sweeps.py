@@ -104,8 +104,8 @@ def list_sweeps(
 
 @router.get("/{sweep_id}", response_model=SweepPublic, responses={404: _error("no sweep with this id")})
 def get_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep) -> SweepPublic:
-    sweep = store.get(sweep_id)
-    return SweepPublic.build(sweep, store.trial_counts(sweep_id), settings.mlflow_ui_url)
+    sweep, counts = store.get_with_counts(sweep_id)
+    return SweepPublic.build(sweep, counts, settings.mlflow_ui_url)
 
 
 @router.post(
