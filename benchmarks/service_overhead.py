@@ -220,7 +220,7 @@ def main() -> None:
     print(f"  plain Ray Tune (baseline): {base['seconds']:.1f}s for {base['finished']:.0f} trials "
           f"({base['seconds'] / trials * 1e3:.0f} ms per trial)")  # fmt: skip
     saving = run_plain(trials, state_every_step=True)
-    print(f"  plain, with the worker's experiment-state saving (at trial starts and ends): {saving['seconds']:.1f}s "
+    print(f"  plain, with the worker's state saving (trial starts, checkpoints, ends): {saving['seconds']:.1f}s "
           f"= {saving['seconds'] / base['seconds']:.2f}x")  # fmt: skip
     if args.plain_only:
         return

@@ -18,58 +18,31 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.tversky_layer import Step, gemms_step, module_step  # noqa: E402 - the CPU benchmark beside this one
 from jobs.layers.tversky import TverskyProjection  # noqa: E402
 
-Step = Callable[[], None]
 TARGET_MS = 130.0
-
-
-def _module_step(layer: nn.Module, x: torch.Tensor, autocast: torch.dtype | None = None) -> Step:
-    def step() -> None:
-        layer.zero_grad(set_to_none=True)
-        x.grad = None
-        with torch.autocast(x.device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-            out = layer(x)
-        out.float().sum().backward()
-
-    return step
-
-
-def _gemms_step(n: int, d: int, p: int, f: int, x: torch.Tensor) -> Step:
-    """x Ωᵀ, Π Ωᵀ and one [N, 2F] x [2F, P], with their backward: the fused layer's GEMMs and nothing else."""
-    kw = {"device": x.device, "dtype": x.dtype, "requires_grad": True}
-    bank, protos = torch.randn(f, d, **kw), torch.randn(p, d, **kw)
-    left, right = torch.randn(n, 2 * f, **kw), torch.randn(p, 2 * f, **kw)
-
-    def step() -> None:
-        for t in (x, bank, protos, left, right):
-            t.grad = None
-        ((x @ bank.T).float().sum() + (protos @ bank.T).float().sum() + (left @ right.T).float().sum()).backward()
-
-    return step
 
 
 def build(n: int, d: int, p: int, f: int, device: torch.device, dtype: torch.dtype, official: bool) -> dict[str, Step]:
     torch.manual_seed(0)
     x = torch.randn(n, d, device=device, dtype=dtype, requires_grad=True)
-    cases: dict[str, Step] = {"GEMMs alone": _gemms_step(n, d, p, f, x)}
+    cases: dict[str, Step] = {"GEMMs alone": gemms_step(n, d, p, f, x)}
     ours = TverskyProjection(d, p, f, "product", "ignorematch").to(device=device, dtype=dtype)
-    cases["ours product+ignorematch"] = _module_step(ours, x)
+    cases["ours product+ignorematch"] = module_step(ours, x)
     if official:
         import tversky.nn as ref_nn  # the test extra
 
         # The library cannot run in pure bf16 (it multiplies by float32 indicators): fp32 weights under autocast.
         ref = ref_nn.TverskyProjection(d, p, f, "contrast", False, "product", "ignorematch").to(device)
         half = dtype if dtype != torch.float32 else None
-        cases["official product+ignorematch"] = _module_step(ref, x.detach().float().requires_grad_(), half)
+        cases["official product+ignorematch"] = module_step(ref, x.detach().float().requires_grad_(), half)
     return cases
 
 

@@ -33,24 +33,30 @@ REF_CASES = [("product", "ignorematch"), ("min", "ignorematch"), ("product", "su
 REF = [f"ours reference {i}+{d}" for i, d in REF_CASES]
 
 
-def _module_step(layer: nn.Module, x: torch.Tensor) -> Step:
+def module_step(layer: nn.Module, x: torch.Tensor, autocast: torch.dtype | None = None) -> Step:
+    """One forward+backward of `layer` on x (loss = sum, in fp32), optionally under autocast to that dtype."""
+
     def step() -> None:
         layer.zero_grad(set_to_none=True)
         x.grad = None
-        layer(x).sum().backward()
+        with torch.autocast(x.device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            out = layer(x)
+        out.float().sum().backward()
 
     return step
 
 
-def _gemms_step(n: int, d: int, p: int, f: int, x: torch.Tensor) -> Step:
-    """x Ωᵀ, Π Ωᵀ and one [N, 2F] x [2F, P], with their backward: the fused layer's GEMMs and nothing else."""
-    bank, protos = torch.randn(f, d, requires_grad=True), torch.randn(p, d, requires_grad=True)
-    left, right = torch.randn(n, 2 * f, requires_grad=True), torch.randn(p, 2 * f, requires_grad=True)
+def gemms_step(n: int, d: int, p: int, f: int, x: torch.Tensor) -> Step:
+    """x Ωᵀ, Π Ωᵀ and one [N, 2F] x [2F, P], with their backward: the fused layer's GEMMs and nothing else
+    (on x's device, in x's dtype)."""
+    kw = {"device": x.device, "dtype": x.dtype, "requires_grad": True}
+    bank, protos = torch.randn(f, d, **kw), torch.randn(p, d, **kw)
+    left, right = torch.randn(n, 2 * f, **kw), torch.randn(p, 2 * f, **kw)
 
     def step() -> None:
         for t in (x, bank, protos, left, right):
             t.grad = None
-        ((x @ bank.T).sum() + (protos @ bank.T).sum() + (left @ right.T).sum()).backward()
+        ((x @ bank.T).float().sum() + (protos @ bank.T).float().sum() + (left @ right.T).float().sum()).backward()
 
     return step
 
@@ -76,18 +82,18 @@ def build(n: int, d: int, p: int, f: int) -> dict[str, Step]:
     torch.manual_seed(0)
     x = torch.randn(n, d, requires_grad=True)
     cases: dict[str, Step] = {
-        "nn.Linear": _module_step(nn.Linear(d, p), x),
-        "GEMMs alone": _gemms_step(n, d, p, f, x),
+        "nn.Linear": module_step(nn.Linear(d, p), x),
+        "GEMMs alone": gemms_step(n, d, p, f, x),
     }
     for inter, diff in REF_CASES:
         ref = ref_nn.TverskyProjection(d, p, f, "contrast", False, inter, diff)
-        cases[f"official {inter}+{diff}"] = _module_step(ref, x)
+        cases[f"official {inter}+{diff}"] = module_step(ref, x)
     for inter, diff in REF_CASES:
         ours = TverskyProjection(d, p, f, inter, diff, init_scale=1.0)  # the library's U(0, 1) init
-        cases[f"ours reference {inter}+{diff}"] = _module_step(ours, x)
+        cases[f"ours reference {inter}+{diff}"] = module_step(ours, x)
     for inter in ("product", "min"):
         ours = TverskyProjection(d, p, f, inter, "ignorematch", init_scale=1.0, semantics="per_feature")
-        cases[f"ours per_feature {inter}+ignorematch"] = _module_step(ours, x)
+        cases[f"ours per_feature {inter}+ignorematch"] = module_step(ours, x)
     x_part = torch.randn(max(1, n // 8), d, requires_grad=True)
     cases["naive per_feature min (x8)"] = _naive_min_step(TverskyProjection(d, p, f, "min", init_scale=1.0), x_part)
     return cases

@@ -131,8 +131,7 @@ class QueueStore:
             sweep = s.get(Sweep, sweep_id, options=[defer(Sweep.spec), defer(Sweep.spec_yaml)])
             if sweep is None:
                 raise SweepNotFound(sweep_id)
-            q = select(Trial.state, func.count()).where(Trial.sweep_id == sweep_id).group_by(Trial.state)
-            return sweep, {state: n for state, n in s.execute(q)}
+            return sweep, self._trial_counts(s, sweep_id)
 
     def list_sweeps(self, state: str | None = None, limit: int = 100, offset: int = 0) -> list[Sweep]:
         q = select(Sweep).order_by(Sweep.id.desc()).limit(limit).offset(offset)
@@ -147,9 +146,13 @@ class QueueStore:
             return list(s.scalars(select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.id)))
 
     def trial_counts(self, sweep_id: int) -> dict[str, int]:
-        q = select(Trial.state, func.count()).where(Trial.sweep_id == sweep_id).group_by(Trial.state)
         with self.session() as s:
-            return {state: n for state, n in s.execute(q)}
+            return self._trial_counts(s, sweep_id)
+
+    @staticmethod
+    def _trial_counts(s: Session, sweep_id: int) -> dict[str, int]:
+        q = select(Trial.state, func.count()).where(Trial.sweep_id == sweep_id).group_by(Trial.state)
+        return {state: n for state, n in s.execute(q)}
 
     def events(self, sweep_id: int) -> list[Event]:
         with self.session() as s:

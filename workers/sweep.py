@@ -117,7 +117,7 @@ def make_tune_config(spec: SweepSpec) -> tune.TuneConfig:
 STATE_SAVE_PERIOD_S = 5.0
 """Longest time between two saves of Tune's experiment state while trials only make progress."""
 STATE_BACKUP = ".complete"
-"""Suffix of the previous complete experiment state (Tune never reads it: only *.json)."""
+"""Suffix of the previous version of each Tune state file (Tune's loaders never match it)."""
 
 
 def keep_experiment_state_restorable() -> None:
