@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
+import psycopg
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -14,6 +18,7 @@ from service.api.deps import get_principal
 from service.api.routes import sweeps
 from service.errors import InvalidTransition, SweepNotFound
 from service.queue import QueueStore
+from service.reads import SweepReader
 from service.settings import Settings, get_settings
 from service.tokens import TokenStore
 
@@ -22,13 +27,22 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await app.state.reader.close()
+
     app = FastAPI(
         title="layerlab",
         version="0.1.0",
         description="Submit sweep specs; workers run them as Ray Tune experiments tracked in MLflow.",
+        lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.store = QueueStore(settings.queue_url)
+    app.state.reader = SweepReader(app.state.store)
+    app.state.token_checks = {}  # token -> its database check in flight (service/api/deps.py)
     app.state.tokens = TokenStore(app.state.store, cache_seconds=settings.token_cache_seconds)
     app.include_router(sweeps.router)
 
@@ -58,15 +72,34 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _conflict(_: Request, exc: InvalidTransition) -> JSONResponse:
         return JSONResponse(status_code=409, content={"detail": str(exc)})
 
-    @app.exception_handler(OperationalError)
-    async def _db_down(_: Request, exc: OperationalError) -> JSONResponse:
-        log.error("queue store unavailable: %s", exc.orig)
+    @app.exception_handler(OperationalError)  # SQLAlchemy's
+    @app.exception_handler(psycopg.OperationalError)  # GET /sweeps/{id}'s read (service/reads.py)
+    async def _db_down(_: Request, exc: Exception) -> JSONResponse:
+        log.error("queue store unavailable: %s", getattr(exc, "orig", exc))
         return JSONResponse(
             status_code=503,
             content={"detail": "the queue database is unavailable; retry in a few seconds"},
             headers={"Retry-After": "5"},
         )
 
+    return app
+
+
+def create_served_app() -> FastAPI:
+    """`layerlab serve`'s app (one per uvicorn process). Spec validation imports every task's module
+    (with torch: about 170,000 objects) on the first POST of each task; then each of Python's full
+    garbage collections walked them all, 70-100 ms during which the API answered nothing, every second
+    or two under load (p99 of benchmarks/api_latency.py: 100-200 ms). So the tasks are imported here,
+    and everything alive at start is moved out of the collector's sight (gc.freeze): what requests
+    allocate is still collected. Not in create_app, which tests build by the hundred: frozen objects
+    are never freed."""
+    from jobs.registry import get_task, task_names
+
+    for name in task_names():
+        get_task(name)
+    app = create_app()
+    gc.collect()
+    gc.freeze()
     return app
 
 

@@ -231,14 +231,16 @@ def serve(
     """Run the HTTP API (OpenAPI docs at /docs)."""
     import uvicorn
 
-    from service.app import create_app
+    from service.app import create_served_app
 
     _setup_logging()
     workers = workers or get_settings().api_workers
     if workers == 1:
-        uvicorn.run(create_app(), host=host, port=port, log_level="info")
+        uvicorn.run(create_served_app(), host=host, port=port, log_level="info")
     else:  # uvicorn starts each process from the import path; each builds its own app (and pool)
-        uvicorn.run("service.app:create_app", factory=True, workers=workers, host=host, port=port, log_level="info")
+        uvicorn.run(
+            "service.app:create_served_app", factory=True, workers=workers, host=host, port=port, log_level="info"
+        )
 
 
 @app.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 from pydantic import BaseModel
@@ -56,7 +57,8 @@ class SweepPublic(BaseModel):
     model: RegisteredModel
 
     @classmethod
-    def build(cls, sweep: Sweep, counts: dict[str, int], ui_url: str) -> SweepPublic:
+    def build(cls, sweep: Sweep | SimpleNamespace, counts: dict[str, int], ui_url: str) -> SweepPublic:
+        """`sweep`: the ORM row, or service.reads' row (the same columns as attributes, without the spec)."""
         ui = ui_url.rstrip("/")
         exp, run = sweep.mlflow_experiment_id, sweep.mlflow_parent_run_id
         uri = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
@@ -40,15 +41,28 @@ async def get_principal(
             "LAYERLAB_API_TOKEN); an operator creates tokens with `layerlab token create --user NAME`",
             headers=challenge,
         )
-    tokens: TokenStore = request.app.state.tokens
-    principal = tokens.cached(credentials.credentials)
-    if principal is None:
-        principal = await run_in_threadpool(tokens.authenticate, credentials.credentials)
+    principal = await _check_token(request, credentials.credentials)
     if principal is None:
         raise HTTPException(
             401, "the API token is unknown or revoked: ask an operator for a new one", headers=challenge
         )
     return principal
+
+
+async def _check_token(request: Request, token: str) -> Principal | None:
+    """The cached principal; else one database check per token at a time. When a busy client's cache
+    entry expires, its requests in flight (50 in benchmarks/api_latency.py) would each make the check
+    in the thread pool at once and stall the event loop for ~150 ms; they await one check instead."""
+    tokens: TokenStore = request.app.state.tokens
+    principal = tokens.cached(token)
+    if principal is not None:
+        return principal
+    checks: dict[str, asyncio.Future[Principal | None]] = request.app.state.token_checks
+    check = checks.get(token)
+    if check is None or check.get_loop() is not asyncio.get_running_loop():
+        check = checks[token] = asyncio.ensure_future(run_in_threadpool(tokens.authenticate, token))
+        check.add_done_callback(lambda done: checks.pop(token, None) if checks.get(token) is done else None)
+    return await asyncio.shield(check)
 
 
 StoreDep = Annotated[QueueStore, Depends(get_store)]

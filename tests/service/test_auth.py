@@ -119,6 +119,37 @@ def test_a_token_revoked_elsewhere_stops_working_within_the_cache_time(tmp_path:
     db.dispose_all()
 
 
+def test_concurrent_requests_with_an_uncached_token_make_one_check(tmp_path: Path) -> None:
+    # When a busy client's cache entry runs out, its requests in flight wait for one database check
+    # instead of each making one in the thread pool (service/api/deps.py).
+    import asyncio
+
+    import httpx
+
+    app = create_app(Settings(home=tmp_path, database_url=None, token_cache_seconds=60))
+    tokens: TokenStore = app.state.tokens
+    token = tokens.create("dave")[1]
+    checks = []
+
+    def slow_authenticate(token: str) -> Any:
+        checks.append(token)
+        time.sleep(0.2)  # every request below arrives while this check is under way
+        return TokenStore.authenticate(tokens, token)
+
+    tokens.authenticate = slow_authenticate  # type: ignore[method-assign]
+
+    async def burst() -> list[int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api", headers=auth(token)) as client:
+            answers = await asyncio.gather(*(client.get("/sweeps") for _ in range(20)))
+            return [a.status_code for a in answers]
+
+    assert asyncio.run(burst()) == [200] * 20
+    assert checks == [token]
+    assert asyncio.run(burst()) == [200] * 20 and checks == [token]  # then from the cache
+    db.dispose_all()
+
+
 def test_openapi_declares_bearer_auth(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:
     client, _ = app_and_tokens
     schema = client.get("/openapi.json").json()
