@@ -116,62 +116,67 @@ def make_tune_config(spec: SweepSpec) -> tune.TuneConfig:
 
 STATE_SAVE_PERIOD_S = 5.0
 """Longest time between two saves of Tune's experiment state while trials only make progress."""
+FOLDER_SYNC_PERIOD_S = 30.0
+"""Longest time between two copies of the rest of the experiment folder (the trials' result.json and
+progress.csv) to the storage path. fit() ends with one."""
 STATE_BACKUP = ".complete"
 """Suffix of the previous version of each Tune state file (Tune's loaders never match it)."""
 
 
 def keep_experiment_state_restorable() -> None:
-    """Make Tune's experiment state survive a kill -9 of the worker.
+    """Make Tune's experiment state survive a kill -9 of the worker, at a cost that stays small.
 
-    Tune (2.60) rewrites its experiment state file in place (open "w", json.dump), and a background
-    thread copies the folder to the storage path while the next write may be under way. A kill inside
-    a write or a copy leaves a stored file cut short (the experiment state, or the searcher's state,
-    which Tune writes atomically but copies like any file); the next `Tuner.restore` then logs "Failed
-    to restore the run state" and silently starts the whole experiment again, from scratch under new
-    trial ids (found by tests/faults). So the state is written to a temp file and renamed (a reader
-    sees the old file or the new one), and the previous version of every state file is kept beside it
-    for `repair_experiment_state`.
-
-    Saving at every step costs the square of the trial count (each save writes every trial, and
-    launches a copy of the folder): 4.5x on a 200-trial sweep of small trials (RELIABILITY.md). So a
-    step saves only when a restore from the previous save could be wrong: a trial has started or
-    ended since (a restore would run it again, under a new id or a second time), a trial has made a
+    A step saves the state when a restore from the previous save could be wrong: a trial has started
+    or ended since (a restore would run it again, under a new id or a second time), a trial has made a
     checkpoint since (Tune deletes old ones; the state must name the newest), Tune asks for it (the
     end of fit), or STATE_SAVE_PERIOD_S has passed (results without a checkpoint are then replayed
     after a kill from the last checkpoint; they are not logged twice, see ProgressCallback).
+
+    What a save costs (RELIABILITY.md): Tune (2.60) writes its state to a staging folder, then copies
+    the whole folder to the storage path, every trial's result files included: at about three saves
+    per trial, the square of the trial count. Here a save writes the state files only, each to a temp
+    file renamed into place at the storage path, so a reader (the next `Tuner.restore`) sees the old
+    file or the new one, never half of one; the rest of the folder follows every FOLDER_SYNC_PERIOD_S
+    in Tune's background copy, with the state files left out of it. Tune's own in-place writes and
+    copies could leave a state file cut short by a kill, after which Tune silently starts the whole
+    experiment again under new trial ids (found by tests/faults); the previous version of every state
+    file is still kept beside it for `repair_experiment_state`. Each trial's part of the state is
+    encoded once per change (re-encoding all of them at every save was most of its cost), and the
+    files a trial reports ride in its result only until the callback logs them: they are dropped from
+    the result Tune keeps with each checkpoint too (about 40 KB per trial of every save).
     """
     from ray.tune.execution.tune_controller import TuneController
     from ray.tune.utils.serialization import TuneFunctionEncoder
 
     if getattr(TuneController.save_to_dir, "atomic", False):
         return
-    every_step = TuneController.checkpoint
+    on_checkpoint = TuneTrial.on_checkpoint
 
     def checkpoint(self: Any, force: bool = False, wait: bool = False) -> None:
-        manager = self._checkpoint_manager
+        manager, saving = self._checkpoint_manager, _saving(self)
         marks = tuple((t.trial_id, t.status) for t in self._trials if t.status != TuneTrial.PENDING)
         now = time.monotonic()
-        # A new trial checkpoint is saved at once too: a restored trial must resume from the checkpoint
-        # its last attempt ended with (older ones get deleted), else Tune's checkpoint bookkeeping goes
-        # wrong. These saves must reach the storage path now: force waits out a copy still under way.
         must = (
             force
             or manager._should_force_sync_up
             or any(manager._trial_num_checkpoints_since_last_sync.values())
-            or marks != _saving(self).get("marks")
+            or marks != saving.get("marks")
         )
-        if not must and now - _saving(self).get("at", 0.0) < STATE_SAVE_PERIOD_S:
-            return
-        synced = manager._last_sync_time
-        every_step(self, force=must, wait=wait)
-        if manager._last_sync_time != synced:  # the copy to the storage path started: this state is saved
-            _saving(self).update(marks=marks, at=now)
+        if must or now - saving.get("at", 0.0) >= STATE_SAVE_PERIOD_S:
+            self.save_to_dir()
+            _upload_state_files(self._storage, self._session_str)
+            manager._trial_num_checkpoints_since_last_sync.clear()
+            manager._should_force_sync_up = False
+            saving.update(marks=marks, at=now)
+        if force or now - saving.get("folder_at", -math.inf) >= FOLDER_SYNC_PERIOD_S:
+            _sync_folder(self._storage, wait=force or wait)
+            saving["folder_at"] = now
 
     def save_to_dir(self: Any) -> None:
         # Ray 2.60's TuneController.save_to_dir, but the state goes to a temp file that is then renamed.
         # The same JSON as Tune's json.dumps(runner_state), but each trial's part is encoded once per
         # change, not at every save: Tune re-makes a trial's (state, metadata) pair only when the trial
-        # changed, and re-encoding all of them (about 16 KB each) was most of a save's cost.
+        # changed.
         encoded: dict[str, tuple[Any, str]] = _saving(self).setdefault("encoded", {})
         parts = []
         for trial_id, pair in self._get_trial_checkpoints().items():
@@ -201,9 +206,56 @@ def keep_experiment_state_restorable() -> None:
         self._search_alg.save_to_dir(str(staging), session_str=self._session_str)
         self._callbacks.save_to_dir(str(staging), session_str=self._session_str)
 
+    def on_checkpoint_without_files(self: Any, checkpoint_result: Any) -> None:
+        checkpoint_result.metrics.pop(ARTIFACTS_KEY, None)
+        on_checkpoint(self, checkpoint_result)
+
     save_to_dir.atomic = True  # type: ignore[attr-defined]
     TuneController.save_to_dir = save_to_dir  # type: ignore[method-assign]
     TuneController.checkpoint = checkpoint  # type: ignore[method-assign]
+    TuneTrial.on_checkpoint = on_checkpoint_without_files  # type: ignore[method-assign]
+
+
+def _upload_state_files(storage: Any, session_str: str) -> None:
+    """This session's state files (and their previous versions), each written beside its place at the
+    storage path and renamed into it: atomic on a local or shared filesystem; an object store (S3)
+    never shows half an object anyway."""
+    fs, folder = storage.storage_filesystem, storage.experiment_fs_path
+    staging = Path(storage.experiment_driver_staging_path)
+    fs.create_dir(folder, recursive=True)
+    for state in _state_files(staging):
+        if session_str not in state.name:
+            continue
+        for path in (state, state.with_name(state.name + STATE_BACKUP)):
+            if not path.is_file():
+                continue
+            target = f"{folder}/{path.name}"
+            with fs.open_output_stream(target + ".partial") as out:
+                out.write(path.read_bytes())
+            fs.move(target + ".partial", target)
+
+
+FOLDER_SYNC_EXCLUDE = [
+    "experiment_state-*",
+    "basic-variant-state-*",
+    "search_gen_state-*",
+    "*-state*.pkl*",
+    "*.partial",
+]
+"""What Tune's folder copy leaves to _upload_state_files (backups included)."""
+
+
+def _sync_folder(storage: Any, wait: bool) -> None:
+    """Tune's background copy of the experiment folder to the storage path, without the state files."""
+    syncer = storage.syncer
+    try:
+        if wait:
+            syncer.wait()
+        syncer.sync_up(storage.experiment_driver_staging_path, storage.experiment_fs_path, exclude=FOLDER_SYNC_EXCLUDE)
+        if wait:
+            syncer.wait()
+    except Exception:  # as Tune does: a failed copy of result files must not end the sweep
+        log.exception("copying the experiment folder to %s failed", storage.experiment_fs_path)
 
 
 _SAVING: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
