@@ -9,11 +9,13 @@ sweep id and look up the live context (this attempt's claim, store, tracker, can
 from __future__ import annotations
 
 import base64
+import fnmatch
 import json
 import logging
 import math
 import os
 import pickle
+import shutil
 import threading
 import time
 import weakref
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs
 from ray import tune
 from ray.tune.experiment import Trial as TuneTrial
 
@@ -163,11 +166,16 @@ def keep_experiment_state_restorable() -> None:
             or marks != saving.get("marks")
         )
         if must or now - saving.get("at", 0.0) >= STATE_SAVE_PERIOD_S:
+            # The searcher's state (a pickle of every grid point, ~10 ms) changes when it makes a trial
+            # or learns that one ended: saved then, and on Tune's request or the period, not at each
+            # checkpoint.
+            searched = (len(self._trials), marks)
+            saving["save_searcher"] = force or not must or searched != saving.get("searched")
             self.save_to_dir()
-            _upload_state_files(self._storage, self._session_str)
+            _upload_state_files(self._storage, saving["state_files"])
             manager._trial_num_checkpoints_since_last_sync.clear()
             manager._should_force_sync_up = False
-            saving.update(marks=marks, at=now)
+            saving.update(marks=marks, at=now, searched=searched)
         if force or now - saving.get("folder_at", -math.inf) >= FOLDER_SYNC_PERIOD_S:
             _sync_folder(self._storage, wait=force or wait)
             saving["folder_at"] = now
@@ -188,13 +196,16 @@ def keep_experiment_state_restorable() -> None:
             {"runner_data": self.__getstate__(), "stats": {"start_time": self._start_time}}, cls=TuneFunctionEncoder
         )
         text = '{"trial_data": [' + ", ".join(parts) + "], " + rest[1:]
+        saving = _saving(self)
+        save_searcher = saving.pop("save_searcher", True)  # see checkpoint
         staging = Path(self._storage.experiment_driver_staging_path)
         staging.mkdir(parents=True, exist_ok=True)
         # The previous version of each state file stays beside it (a hard link, then a rename: it never
-        # goes missing), for repair_experiment_state.
-        for state in _state_files(staging):
-            if self._session_str not in state.name:  # an earlier attempt's: never rewritten
-                continue
+        # goes missing), for repair_experiment_state. An earlier attempt's files are never rewritten.
+        mine = [f for f in _state_files(staging) if self._session_str in f.name]
+        for state in mine:
+            if state.name.startswith(("basic-variant-state", "search_gen_state")) and not save_searcher:
+                continue  # not rewritten this time
             link = state.with_name(state.name + ".link")
             link.unlink(missing_ok=True)  # a restore can bring one back (copied between link and rename)
             os.link(state, link)
@@ -203,8 +214,11 @@ def keep_experiment_state_restorable() -> None:
         partial = final.with_name(final.name + ".partial")
         partial.write_text(text)
         os.replace(partial, final)
-        self._search_alg.save_to_dir(str(staging), session_str=self._session_str)
+        if save_searcher:
+            self._search_alg.save_to_dir(str(staging), session_str=self._session_str)
         self._callbacks.save_to_dir(str(staging), session_str=self._session_str)
+        mine = [f for f in _state_files(staging) if self._session_str in f.name]
+        saving["state_files"] = [p for f in mine for p in (f, f.with_name(f.name + STATE_BACKUP)) if p.is_file()]
 
     def on_checkpoint_without_files(self: Any, checkpoint_result: Any) -> None:
         checkpoint_result.metrics.pop(ARTIFACTS_KEY, None)
@@ -216,23 +230,31 @@ def keep_experiment_state_restorable() -> None:
     TuneTrial.on_checkpoint = on_checkpoint_without_files  # type: ignore[method-assign]
 
 
-def _upload_state_files(storage: Any, session_str: str) -> None:
-    """This session's state files (and their previous versions), each written beside its place at the
+def _upload_state_files(storage: Any, files: list[Path]) -> None:
+    """This session's state files (and their previous versions), each put beside its place at the
     storage path and renamed into it: atomic on a local or shared filesystem; an object store (S3)
-    never shows half an object anyway."""
+    never shows half an object anyway. On a local filesystem the file is hard-linked, not copied (Tune
+    and save_to_dir replace their files, never rewrite them in place)."""
     fs, folder = storage.storage_filesystem, storage.experiment_fs_path
-    staging = Path(storage.experiment_driver_staging_path)
-    fs.create_dir(folder, recursive=True)
-    for state in _state_files(staging):
-        if session_str not in state.name:
+    local = isinstance(fs, pyarrow.fs.LocalFileSystem)
+    if local:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    else:
+        fs.create_dir(folder, recursive=True)
+    for path in files:
+        target = f"{folder}/{path.name}"
+        if local:
+            partial = Path(target + ".partial")
+            partial.unlink(missing_ok=True)
+            try:
+                os.link(path, partial)
+            except OSError:  # another filesystem
+                shutil.copyfile(path, partial)
+            os.replace(partial, target)
             continue
-        for path in (state, state.with_name(state.name + STATE_BACKUP)):
-            if not path.is_file():
-                continue
-            target = f"{folder}/{path.name}"
-            with fs.open_output_stream(target + ".partial") as out:
-                out.write(path.read_bytes())
-            fs.move(target + ".partial", target)
+        with fs.open_output_stream(target + ".partial") as out:
+            out.write(path.read_bytes())
+        fs.move(target + ".partial", target)
 
 
 FOLDER_SYNC_EXCLUDE = [
@@ -241,6 +263,7 @@ FOLDER_SYNC_EXCLUDE = [
     "search_gen_state-*",
     "*-state*.pkl*",
     "*.partial",
+    "*.link",
 ]
 """What Tune's folder copy leaves to _upload_state_files (backups included)."""
 
@@ -295,7 +318,10 @@ STATE_FILES = ("experiment_state-*.json", "basic-variant-state-*.json", "search_
 
 
 def _state_files(folder: Path) -> list[Path]:
-    return sorted({p for pattern in STATE_FILES for p in folder.glob(pattern) if p.is_file()})
+    # One listing, not a glob per pattern: the folder holds a sub-folder per trial.
+    with os.scandir(folder) as entries:
+        names = [e.name for e in entries if e.is_file()]
+    return [folder / n for n in sorted(names) if any(fnmatch.fnmatchcase(n, p) for p in STATE_FILES)]
 
 
 def _is_whole(path: Path) -> bool:
