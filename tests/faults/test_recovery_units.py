@@ -20,7 +20,7 @@ from service.queue import QueueStore
 from service.settings import Settings
 from service.spec import SweepSpec, parse_spec
 from tests.e2e.conftest import free_port
-from workers.sweep import STATE_BACKUP, repair_experiment_state
+from workers.sweep import STATE_BACKUP, _upload_state_files, repair_experiment_state
 from workers.tracking import SweepTracker, unreachable
 
 from .conftest import PrivatePostgres, actions, private_postgres
@@ -119,6 +119,43 @@ def test_a_searcher_state_cut_short_is_repaired_too(tmp_path: Path) -> None:
     assert pickle.loads(searcher.read_bytes()) == {"counter": 3}
     assert not callbacks.exists()
     assert pickle.loads(kept.read_bytes()) == {"counter": 3}
+
+
+def test_uploaded_state_files_survive_a_restore_that_stages_into_their_folder(tmp_path: Path) -> None:
+    # A restore copies the stored state into a staging folder, which can be the one the files were
+    # uploaded from. Hard-linked uploads were truncated by that copy (seen in tests/faults: empty
+    # state files, and Tune started the sweep over); uploads are copies, renamed into place.
+    import os
+    from types import SimpleNamespace
+
+    import pyarrow.fs
+    from ray.train._internal.storage import _download_from_fs_path
+
+    staging, stored = tmp_path / "driver_artifacts", tmp_path / "sweep-1"
+    staging.mkdir()
+    state = staging / "experiment_state-S1.json"
+    state.write_text('{"trial_data": ["first"]}')
+    storage = SimpleNamespace(
+        storage_filesystem=pyarrow.fs.LocalFileSystem(),
+        experiment_fs_path=str(stored),
+        experiment_driver_staging_path=str(staging),
+    )
+    uploaded: dict[str, tuple[int, int]] = {}
+    _upload_state_files(storage, [state], uploaded)
+    _upload_state_files(storage, [state], uploaded)  # unchanged: nothing to do
+    _download_from_fs_path(fs=pyarrow.fs.LocalFileSystem(), fs_path=str(stored), local_path=str(staging))
+    assert json.loads((stored / state.name).read_text()) == {"trial_data": ["first"]}
+    assert sorted(p.name for p in stored.iterdir()) == [state.name]  # no temp file left behind
+
+    # Unchanged since its upload: not copied again. Replaced (as save_to_dir does): copied.
+    _upload_state_files(storage, [state], uploaded)
+    (stored / state.name).write_text("marker")
+    _upload_state_files(storage, [state], uploaded)
+    assert (stored / state.name).read_text() == "marker"
+    state.with_name("new").write_text('{"trial_data": ["second"]}')
+    os.replace(state.with_name("new"), state)
+    _upload_state_files(storage, [state], uploaded)
+    assert json.loads((stored / state.name).read_text()) == {"trial_data": ["second"]}
 
 
 def test_remote_storage_is_left_alone(tmp_path: Path) -> None:
