@@ -123,7 +123,8 @@ FOLDER_SYNC_PERIOD_S = 30.0
 """Longest time between two copies of the rest of the experiment folder (the trials' result.json and
 progress.csv) to the storage path. fit() ends with one."""
 STATE_BACKUP = ".complete"
-"""Suffix of the previous version of each Tune state file (Tune's loaders never match it)."""
+"""Suffix of the previous version of a Tune state file, which repair_experiment_state falls back on
+(folders saved before state files were uploaded atomically kept one; Tune's loaders never match it)."""
 
 
 def keep_experiment_state_restorable() -> None:
@@ -140,10 +141,11 @@ def keep_experiment_state_restorable() -> None:
     per trial, the square of the trial count. Here a save writes the state files only, each to a temp
     file renamed into place at the storage path, so a reader (the next `Tuner.restore`) sees the old
     file or the new one, never half of one; the rest of the folder follows every FOLDER_SYNC_PERIOD_S
-    in Tune's background copy, with the state files left out of it. Tune's own in-place writes and
-    copies could leave a state file cut short by a kill, after which Tune silently starts the whole
-    experiment again under new trial ids (found by tests/faults); the previous version of every state
-    file is still kept beside it for `repair_experiment_state`. Each trial's part of the state is
+    in Tune's background copy, with the state files left out of it. (Tune's own in-place writes and
+    copies could leave a state file cut short by a kill, after which Tune silently started the whole
+    experiment again under new trial ids, found by tests/faults; `repair_experiment_state` still
+    mends such a folder.) The experiment state goes first: a kill before the searcher's file follows
+    can at worst make one trial twice, never lose one. Each trial's part of the state is
     encoded once per change (re-encoding all of them at every save was most of its cost), and the
     files a trial reports ride in its result only until the callback logs them: they are dropped from
     the result Tune keeps with each checkpoint too (about 40 KB per trial of every save).
@@ -200,16 +202,6 @@ def keep_experiment_state_restorable() -> None:
         save_searcher = saving.pop("save_searcher", True)  # see checkpoint
         staging = Path(self._storage.experiment_driver_staging_path)
         staging.mkdir(parents=True, exist_ok=True)
-        # The previous version of each state file stays beside it (a hard link, then a rename: it never
-        # goes missing), for repair_experiment_state. An earlier attempt's files are never rewritten.
-        mine = [f for f in _state_files(staging) if self._session_str in f.name]
-        for state in mine:
-            if state.name.startswith(("basic-variant-state", "search_gen_state")) and not save_searcher:
-                continue  # not rewritten this time
-            link = state.with_name(state.name + ".link")
-            link.unlink(missing_ok=True)  # a restore can bring one back (copied between link and rename)
-            os.link(state, link)
-            os.replace(link, state.with_name(state.name + STATE_BACKUP))
         final = staging / self.experiment_state_file_name
         partial = final.with_name(final.name + ".partial")
         partial.write_text(text)
@@ -217,8 +209,9 @@ def keep_experiment_state_restorable() -> None:
         if save_searcher:
             self._search_alg.save_to_dir(str(staging), session_str=self._session_str)
         self._callbacks.save_to_dir(str(staging), session_str=self._session_str)
-        mine = [f for f in _state_files(staging) if self._session_str in f.name]
-        saving["state_files"] = [p for f in mine for p in (f, f.with_name(f.name + STATE_BACKUP)) if p.is_file()]
+        # This attempt's files (an earlier attempt's are never rewritten), the experiment state first.
+        mine = [f for f in _state_files(staging) if self._session_str in f.name and f != final]
+        saving["state_files"] = [final, *mine]
 
     def on_checkpoint_without_files(self: Any, checkpoint_result: Any) -> None:
         checkpoint_result.metrics.pop(ARTIFACTS_KEY, None)
@@ -231,12 +224,12 @@ def keep_experiment_state_restorable() -> None:
 
 
 def _upload_state_files(storage: Any, files: list[Path], uploaded: dict[str, tuple[int, int]]) -> None:
-    """This session's state files (and their previous versions), each put beside its place at the
-    storage path and renamed into it: atomic on a local or shared filesystem; an object store (S3)
-    never shows half an object anyway. A file unchanged since its last upload (`uploaded`: name ->
-    inode and mtime; Tune and save_to_dir replace their files, never rewrite them) is not sent again.
-    Copies, never hard links: a restore that stages into a folder holding links to the stored files
-    truncates them while it copies (found by tests/faults: empty state files, the sweep started over)."""
+    """This session's state files, each put beside its place at the storage path and renamed into it:
+    atomic on a local or shared filesystem; an object store (S3) never shows half an object anyway. A
+    file unchanged since its last upload (`uploaded`: name -> inode and mtime; Tune and save_to_dir
+    replace their files, never rewrite them) is not sent again. Copies, never hard links: a restore
+    that stages into a folder holding links to the stored files truncates them while it copies (found
+    by tests/faults: empty state files, the sweep started over)."""
     fs, folder = storage.storage_filesystem, storage.experiment_fs_path
     local = isinstance(fs, pyarrow.fs.LocalFileSystem)
     if local:
@@ -264,9 +257,8 @@ FOLDER_SYNC_EXCLUDE = [
     "search_gen_state-*",
     "*-state*.pkl*",
     "*.partial",
-    "*.link",
 ]
-"""What Tune's folder copy leaves to _upload_state_files (backups included)."""
+"""What Tune's folder copy leaves to _upload_state_files."""
 
 
 def _sync_folder(storage: Any, wait: bool) -> None:
