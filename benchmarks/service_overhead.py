@@ -61,11 +61,9 @@ def spec_yaml(name: str, trials: int) -> str:
 # --- plain Ray Tune -----------------------------------------------------------------------------
 
 
-def plain(trials: int, folder: str, state_every_step: bool) -> None:
+def plain(trials: int, folder: str, worker_saving: bool) -> None:
     """Runs in a child process; prints one JSON line with the timed fit."""
     os.environ.pop("TUNE_GLOBAL_CHECKPOINT_S", None)  # Tune's default, as a plain script has
-    if state_every_step:  # the worker's setting, to tell its cost apart from the rest of the service's
-        os.environ["TUNE_GLOBAL_CHECKPOINT_S"] = "0"
     import ray
     from ray import tune
 
@@ -78,7 +76,7 @@ def plain(trials: int, folder: str, state_every_step: bool) -> None:
         param_space,
     )
 
-    if state_every_step:
+    if worker_saving:
         keep_experiment_state_restorable()  # the worker's saving: atomic, at trial starts and ends, every 5 s
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -95,7 +93,7 @@ def plain(trials: int, folder: str, state_every_step: bool) -> None:
                 failure_config=tune.FailureConfig(max_failures=spec.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
                 # The worker's callback with no live sweep: it only takes the picture out of the result.
-                callbacks=[ProgressCallback(0, [])] if state_every_step else None,
+                callbacks=[ProgressCallback(0, [])] if worker_saving else None,
                 verbose=0,
             ),
         )
@@ -111,11 +109,11 @@ def plain(trials: int, folder: str, state_every_step: bool) -> None:
     print(json.dumps({"seconds": took, "finished": finished}))
 
 
-def run_plain(trials: int, state_every_step: bool = False) -> dict[str, float]:
+def run_plain(trials: int, worker_saving: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="rt", dir="/tmp") as ray_tmp, tempfile.TemporaryDirectory() as folder:
         env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
         done = subprocess.run(
-            [sys.executable, __file__, "--plain-child", str(trials), folder, str(int(state_every_step))],
+            [sys.executable, __file__, "--plain-child", str(trials), folder, str(int(worker_saving))],
             env=env,
             capture_output=True,
             text=True,
@@ -219,7 +217,7 @@ def main() -> None:
     base = run_plain(trials)
     print(f"  plain Ray Tune (baseline): {base['seconds']:.1f}s for {base['finished']:.0f} trials "
           f"({base['seconds'] / trials * 1e3:.0f} ms per trial)")  # fmt: skip
-    saving = run_plain(trials, state_every_step=True)
+    saving = run_plain(trials, worker_saving=True)
     print(f"  plain, with the worker's state saving (trial starts, checkpoints, ends): {saving['seconds']:.1f}s "
           f"= {saving['seconds'] / base['seconds']:.2f}x")  # fmt: skip
     if args.plain_only:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar, cast
 
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import Session
 
 from service.db import get_engine, migrate, session_factory
 from service.errors import InvalidTransition, LeaseLost, SweepNotFound
@@ -125,14 +125,6 @@ class QueueStore:
                 raise SweepNotFound(sweep_id)
             return sweep
 
-    def get_with_counts(self, sweep_id: int) -> tuple[Sweep, dict[str, int]]:
-        """What GET /sweeps/{id} shows, on one connection: the row (without its spec) and its trials by state."""
-        with self.session() as s:
-            sweep = s.get(Sweep, sweep_id, options=[defer(Sweep.spec), defer(Sweep.spec_yaml)])
-            if sweep is None:
-                raise SweepNotFound(sweep_id)
-            return sweep, self._trial_counts(s, sweep_id)
-
     def list_sweeps(self, state: str | None = None, limit: int = 100, offset: int = 0) -> list[Sweep]:
         q = select(Sweep).order_by(Sweep.id.desc()).limit(limit).offset(offset)
         if state:
@@ -146,13 +138,9 @@ class QueueStore:
             return list(s.scalars(select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.id)))
 
     def trial_counts(self, sweep_id: int) -> dict[str, int]:
-        with self.session() as s:
-            return self._trial_counts(s, sweep_id)
-
-    @staticmethod
-    def _trial_counts(s: Session, sweep_id: int) -> dict[str, int]:
         q = select(Trial.state, func.count()).where(Trial.sweep_id == sweep_id).group_by(Trial.state)
-        return {state: n for state, n in s.execute(q)}
+        with self.session() as s:
+            return {state: n for state, n in s.execute(q)}
 
     def events(self, sweep_id: int) -> list[Event]:
         with self.session() as s:

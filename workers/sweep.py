@@ -251,16 +251,6 @@ def _upload_state_files(storage: Any, files: list[Path], uploaded: dict[str, tup
         uploaded[path.name] = (stat.st_ino, stat.st_mtime_ns)
 
 
-FOLDER_SYNC_EXCLUDE = [
-    "experiment_state-*",
-    "basic-variant-state-*",
-    "search_gen_state-*",
-    "*-state*.pkl*",
-    "*.partial",
-]
-"""What Tune's folder copy leaves to _upload_state_files."""
-
-
 def _sync_folder(storage: Any, wait: bool) -> None:
     """Tune's background copy of the experiment folder to the storage path, without the state files."""
     syncer = storage.syncer
@@ -308,6 +298,8 @@ def repair_experiment_state(experiment_path: str) -> None:
 
 STATE_FILES = ("experiment_state-*.json", "basic-variant-state-*.json", "search_gen_state-*.json", "*-state*.pkl")
 """Tune's experiment state, the searchers' and the callbacks' (Ray 2.60's CKPT_FILE_TMPL names)."""
+FOLDER_SYNC_EXCLUDE = [pattern + "*" for pattern in STATE_FILES]
+"""What Tune's folder copy leaves to _upload_state_files: the state files, and their temp files."""
 
 
 def _state_files(folder: Path) -> list[Path]:

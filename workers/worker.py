@@ -28,10 +28,6 @@ log = logging.getLogger(__name__)
 RAY_ENV_DEFAULTS = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_AUTH_MODE": "disabled",
-    # Let Tune save its experiment state at any controller step; workers.sweep.keep_experiment_state_restorable
-    # then saves at the steps where it matters: a restore after kill -9 must not mistake a trial that had
-    # just finished for one still running (it would start it again).
-    "TUNE_GLOBAL_CHECKPOINT_S": "0",
     # Tune's default per-trial loggers, less TensorBoard's: the sweep's metrics are in MLflow, and the
     # TensorBoard files cost the driver ~5% of its loop (benchmarks/service_overhead.py). The JSON and
     # CSV loggers are named in the RunConfig (Tune's ResultGrid reads their files).

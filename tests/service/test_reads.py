@@ -25,8 +25,8 @@ def store(request: pytest.FixtureRequest) -> QueueStore:
 
 
 def as_orm_shows(store: QueueStore, sweep_id: int) -> tuple[dict[str, Any], dict[str, int]]:
-    sweep, counts = store.get_with_counts(sweep_id)
-    return {c.name: getattr(sweep, c.name) for c in SHOWN}, counts
+    sweep = store.get(sweep_id)
+    return {c.name: getattr(sweep, c.name) for c in SHOWN}, store.trial_counts(sweep_id)
 
 
 def read(reader: SweepReader, sweep_id: int) -> tuple[dict[str, Any], dict[str, int]]:
