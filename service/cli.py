@@ -449,9 +449,15 @@ def down() -> None:
         out.print("nothing to stop")
         return
     pids = json.loads(pid_file.read_text())
-    for pid in pids.values():
+    for name, pid in pids.items():
         try:
-            os.killpg(pid, signal.SIGTERM)
+            if name == "worker":
+                # The worker alone: it gives its sweep back and shuts its local Ray down itself. Its whole
+                # group at once (its Ray too) left it retrying the dead Ray at a full core until the
+                # SIGKILL below, 30 s later.
+                os.kill(pid, signal.SIGTERM)
+            else:
+                os.killpg(pid, signal.SIGTERM)
         except OSError:
             pass
     deadline = time.monotonic() + 30
