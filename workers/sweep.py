@@ -45,6 +45,7 @@ class LiveSweep:
     cancel: threading.Event = field(default_factory=threading.Event)
     lease_lost: threading.Event = field(default_factory=threading.Event)
     best: float | None = None
+    ended: list[tuple[str, TrialState, str]] = field(default_factory=list)  # see ProgressCallback._ended
 
 
 LIVE: dict[int, LiveSweep] = {}
@@ -130,15 +131,23 @@ STATE_BACKUP = ".complete"
 def keep_experiment_state_restorable() -> None:
     """Make Tune's experiment state survive a kill -9 of the worker, at a cost that stays small.
 
-    A step saves the state when a restore from the previous save could be wrong: a trial has started
-    or ended since (a restore would run it again, under a new id or a second time), a trial has made a
-    checkpoint since (Tune deletes old ones; the state must name the newest), Tune asks for it (the
-    end of fit), or STATE_SAVE_PERIOD_S has passed (results without a checkpoint are then replayed
-    after a kill from the last checkpoint; they are not logged twice, see ProgressCallback).
+    A step saves the state when a restore from the previous save could be wrong, not merely behind:
+    - a trial has started (or paused, or failed) since: a restore would make it again under a new id,
+      next to the queue row and MLflow run this one already has;
+    - a trial whose saved state names a checkpoint has made another since: Tune keeps `num_to_keep`
+      checkpoints and deletes older ones, so the saved one must never be more than one behind;
+    - Tune asks for it (the end of fit, or a trial checkpointing `num_to_keep` times between saves);
+    - STATE_SAVE_PERIOD_S has passed.
+    A save that is merely behind costs repeated work after a kill, never a wrong count: a trial that
+    ended since the last save runs again from its saved checkpoint under its own id, and its results
+    since are replayed; none is logged twice (ProgressCallback), and the queue and MLflow learn of an
+    end only once a save holds it (ProgressCallback.state_saved), so a trial they call finished is never
+    run again. So a trial's end and its first checkpoint ride on the next save (usually the next trial's
+    start) instead of making their own: about one save per trial instead of three.
 
     What a save costs (RELIABILITY.md): Tune (2.60) writes its state to a staging folder, then copies
-    the whole folder to the storage path, every trial's result files included: at about three saves
-    per trial, the square of the trial count. Here a save writes the state files only, each to a temp
+    the whole folder to the storage path, every trial's result files included: at a save per trial,
+    the square of the trial count. Here a save writes the state files only, each to a temp
     file renamed into place at the storage path, so a reader (the next `Tuner.restore`) sees the old
     file or the new one, never half of one; the rest of the folder follows every FOLDER_SYNC_PERIOD_S
     in Tune's background copy, with the state files left out of it. (Tune's own in-place writes and
@@ -159,25 +168,29 @@ def keep_experiment_state_restorable() -> None:
 
     def checkpoint(self: Any, force: bool = False, wait: bool = False) -> None:
         manager, saving = self._checkpoint_manager, _saving(self)
-        marks = tuple((t.trial_id, t.status) for t in self._trials if t.status != TuneTrial.PENDING)
+        live = {(t.trial_id, t.status) for t in self._trials if t.status not in _NOT_LIVE}
+        checkpointed_again = [t for t, n in manager._trial_num_checkpoints_since_last_sync.items() if n]
         now = time.monotonic()
         must = (
             force
             or manager._should_force_sync_up
-            or any(manager._trial_num_checkpoints_since_last_sync.values())
-            or marks != saving.get("marks")
+            or not live <= saving.get("live", set())
+            or any(t.trial_id in saving.get("checkpointed", ()) for t in checkpointed_again)
         )
         if must or now - saving.get("at", 0.0) >= STATE_SAVE_PERIOD_S:
-            # The searcher's state (a pickle of every grid point, ~10 ms) changes when it makes a trial
-            # or learns that one ended: saved then, and on Tune's request or the period, not at each
-            # checkpoint.
-            searched = (len(self._trials), marks)
-            saving["save_searcher"] = force or not must or searched != saving.get("searched")
+            # The searcher's state (a pickle of every grid point, ~10 ms) changes when it makes a trial;
+            # saved then, and on Tune's request or the period. (What it learns from a trial's end only
+            # steers later suggestions: it rides along with the next save of the searcher.)
+            saving["save_searcher"] = force or not must or len(self._trials) != saving.get("searched")
             self.save_to_dir()
             _upload_state_files(self._storage, saving["state_files"], saving.setdefault("uploaded", {}))
             manager._trial_num_checkpoints_since_last_sync.clear()
             manager._should_force_sync_up = False
-            saving.update(marks=marks, at=now, searched=searched)
+            checkpointed = {t.trial_id for t in self._trials if t.checkpoint is not None}
+            saving.update(live=live, checkpointed=checkpointed, at=now, searched=len(self._trials))
+            for callback in self._callbacks._callbacks:
+                if isinstance(callback, ProgressCallback):
+                    callback.state_saved()
         if force or now - saving.get("folder_at", -math.inf) >= FOLDER_SYNC_PERIOD_S:
             _sync_folder(self._storage, wait=force or wait)
             saving["folder_at"] = now
@@ -187,24 +200,24 @@ def keep_experiment_state_restorable() -> None:
         # The same JSON as Tune's json.dumps(runner_state), but each trial's part is encoded once per
         # change, not at every save: Tune re-makes a trial's (state, metadata) pair only when the trial
         # changed.
-        encoded: dict[str, tuple[Any, str]] = _saving(self).setdefault("encoded", {})
+        encoded: dict[str, tuple[Any, bytes]] = _saving(self).setdefault("encoded", {})
         parts = []
         for trial_id, pair in self._get_trial_checkpoints().items():
             hit = encoded.get(trial_id)
             if hit is None or hit[0] is not pair:
-                hit = encoded[trial_id] = (pair, json.dumps(list(pair)))
+                hit = encoded[trial_id] = (pair, json.dumps(list(pair)).encode())
             parts.append(hit[1])
         rest = json.dumps(
             {"runner_data": self.__getstate__(), "stats": {"start_time": self._start_time}}, cls=TuneFunctionEncoder
         )
-        text = '{"trial_data": [' + ", ".join(parts) + "], " + rest[1:]
+        data = b"".join((b'{"trial_data": [', b", ".join(parts), b"], ", rest[1:].encode()))
         saving = _saving(self)
         save_searcher = saving.pop("save_searcher", True)  # see checkpoint
         staging = Path(self._storage.experiment_driver_staging_path)
         staging.mkdir(parents=True, exist_ok=True)
         final = staging / self.experiment_state_file_name
         partial = final.with_name(final.name + ".partial")
-        partial.write_text(text)
+        partial.write_bytes(data)
         os.replace(partial, final)
         if save_searcher:
             self._search_alg.save_to_dir(str(staging), session_str=self._session_str)
@@ -263,6 +276,9 @@ def _sync_folder(storage: Any, wait: bool) -> None:
     except Exception:  # as Tune does: a failed copy of result files must not end the sweep
         log.exception("copying the experiment folder to %s failed", storage.experiment_fs_path)
 
+
+_NOT_LIVE = (TuneTrial.PENDING, TuneTrial.TERMINATED)
+"""Trial states whose change needs no save of its own (see keep_experiment_state_restorable)."""
 
 _SAVING: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
@@ -405,11 +421,21 @@ class ProgressCallback(tune.Callback):
         self._ended(trial, TrialState.error, "FAILED")
 
     def _ended(self, trial: TuneTrial, state: TrialState, status: str) -> None:
+        # Told to the queue and MLflow once a save of Tune's state holds the end (state_saved), which
+        # may be a step or a few later (keep_experiment_state_restorable): a kill before it restores the
+        # trial as running, and a trial the service has called finished must stay finished.
         live = self.live
-        if live is None:
-            return
-        live.store.trial_ended(self.sweep_id, trial.trial_id, state)
-        live.tracker.end_trial(trial.trial_id, status)
+        if live is not None:
+            live.ended.append((trial.trial_id, state, status))
+
+    def state_saved(self) -> None:
+        """The stored experiment state now holds every trial end so far: record them."""
+        live = self.live
+        while live is not None and live.ended:
+            trial_id, state, status = live.ended[0]
+            live.store.trial_ended(self.sweep_id, trial_id, state)
+            live.tracker.end_trial(trial_id, status)
+            live.ended.pop(0)
 
 
 def _better(value: float, best: float | None, mode: str) -> bool:
