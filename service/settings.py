@@ -24,6 +24,11 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1, description="Claims of one sweep before it fails.")
     max_body_bytes: int = Field(default=256 * 1024, gt=0)
     ray_num_cpus: int | None = Field(default=None, description="CPUs of a local Ray; all when unset.")
+    data_roots: str = Field(
+        default="~/.cache/layerlab",
+        description="Folders (separated by ':') that task params naming a file or folder (data_dir, data_files, "
+        "cache_dir) must lie in, on the API's machine and on every worker's (service/data_paths.py).",
+    )
     api_workers: int = Field(default=1, ge=1, le=64, description="Processes of `layerlab serve` (uvicorn workers).")
     token_cache_seconds: float = Field(
         default=5.0,

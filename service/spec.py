@@ -23,7 +23,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from service.data_paths import data_path_errors
 from service.errors import SpecError
+from service.settings import get_settings
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 ALIAS_RE = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
@@ -538,8 +540,9 @@ def _task_param_errors(task_name: str, params: Any, space: Any) -> list[str]:
     return sorted(set(errors), key=errors.index)
 
 
-def parse_spec(source: str | bytes | dict[str, Any]) -> SweepSpec:
-    """Validate a sweep spec (YAML text or an already-parsed mapping); raise SpecError with every problem."""
+def parse_spec(source: str | bytes | dict[str, Any], data_roots: str | None = None) -> SweepSpec:
+    """Validate a sweep spec (YAML text or an already-parsed mapping); raise SpecError with every problem.
+    `data_roots`: where task params that name a file or folder may point (default: LAYERLAB_DATA_ROOTS)."""
     data = source if isinstance(source, dict) else load_yaml(source)
     if not isinstance(data, dict):
         raise SpecError([f"<document>: a sweep spec is a mapping of keys (name, task, ...), got {type(data).__name__}"])
@@ -554,6 +557,7 @@ def parse_spec(source: str | bytes | dict[str, Any]) -> SweepSpec:
     if isinstance(task_name, str) and 0 < len(task_name) <= 100:
         space = spec.space if spec else _parse_domains(data.get("space"))
         errors += _task_param_errors(task_name, data.get("params", {}), space)
+        errors += _data_path_errors(task_name, data.get("params"), space, data_roots)
         metric = data.get("metric")
         if isinstance(metric, dict) and isinstance(metric.get("name"), str):
             errors += _metric_errors(task_name, metric["name"])
@@ -570,6 +574,17 @@ def parse_spec(source: str | bytes | dict[str, Any]) -> SweepSpec:
         mode = get_task(spec.task).metrics[spec.metric.name]
         spec = spec.model_copy(update={"metric": Metric(name=spec.metric.name, mode=mode)})  # type: ignore[arg-type]
     return spec
+
+
+def _data_path_errors(task_name: str, params: Any, space: dict[str, Any], roots: str | None) -> list[str]:
+    from jobs.registry import UnknownTaskError, get_task
+
+    try:
+        config = get_task(task_name).config
+    except UnknownTaskError:
+        return []  # reported once, under `task`
+    roots = get_settings().data_roots if roots is None else roots
+    return data_path_errors(config, params if isinstance(params, dict) else {}, space, roots)
 
 
 def _parse_domains(space: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from service.data_paths import data_path_errors
 from service.errors import LeaseLost
 from service.queue import Claim, QueueStore
 from service.settings import Settings
@@ -39,6 +40,11 @@ DB_OUTAGE_SECONDS = 900.0
 """How long the worker's queue writes wait out an unreachable database (a restart, a failover) before
 the sweep fails. Meanwhile Tune's controller waits in the progress callback; the lease survives a
 restart of the database (service.queue.QueueStore.reclaim_expired)."""
+
+
+class DataPathError(ValueError):
+    """A task param names a file or folder outside this worker's LAYERLAB_DATA_ROOTS: the sweep fails
+    before anything runs."""
 
 
 def ensure_ray(settings: Settings) -> None:
@@ -173,6 +179,10 @@ class Worker:
 
         spec = SweepSpec.model_validate(claim.spec)
         task = get_task(spec.task)
+        # Checked at submit against the API's LAYERLAB_DATA_ROOTS; this machine's may differ.
+        outside = data_path_errors(task.config, spec.params, spec.space, self.settings.data_roots)
+        if outside:
+            raise DataPathError("; ".join(outside))
         ensure_ray(self.settings)
         if self._handles_signals:
             # ray.init installs its own SIGTERM handler (it aborts the driver); ours must win.

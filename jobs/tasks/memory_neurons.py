@@ -37,6 +37,7 @@ import annotated_types as at
 import torch
 
 from jobs.config import check_fields, check_lm_schedule
+from jobs.data.paths import DataPath
 from jobs.data.text import EOS, UNK, Corpus, decode, eval_windows, load_text
 from jobs.layers import knowledge_neurons as kn
 from jobs.layers.gpt import GPT, Projection
@@ -49,7 +50,7 @@ from jobs.tasks import tversky_lm
 class NeuronsConfig:
     corpus: Corpus = "pydoc"
     """pydoc: the Python docs' English text (offline); ptb: Penn Treebank from the Hub or data_files."""
-    data_files: str | None = None
+    data_files: DataPath | None = None
     """ptb only: a folder holding ptb.train.txt, ptb.valid.txt, ptb.test.txt (no network needed)."""
     vocab_size: Annotated[int, at.Ge(3)] = 2000
     """Model vocabulary: <unk>, <eos> and the vocab_size - 2 most frequent train words."""

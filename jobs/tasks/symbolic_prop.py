@@ -48,6 +48,7 @@ from torch import nn
 from jobs.config import check_fields
 from jobs.data import propositional
 from jobs.data.checkers import OUTCOMES, Outcome, check_assignment
+from jobs.data.paths import DataPath
 from jobs.data.symbolic import (
     EOS_ID,
     Encoded,
@@ -104,7 +105,7 @@ class SymbolicConfig:
     """Held-out formulas for Correct / Exact (and the pool alpha-covariance draws from)."""
     data_seed: Annotated[int, at.Ge(0)] = 42
     """Seed of the data set and its train/test cut (DeepLTL: 42); the same for every model seed."""
-    cache_dir: str | None = None
+    cache_dir: DataPath | None = None
     """Folder that keeps each generated data set (JSON, one file per data setting; trials on a node share it and
     one generates while the others wait). None: generate in memory in every trial."""
     batch_size: Annotated[int, at.Gt(0)] = 64

@@ -32,6 +32,7 @@ from torch import nn
 
 from jobs.config import check_fields
 from jobs.data.images import NORMALIZATION, NUM_CLASSES, ImageDataset, ImageSplits, load_images, resize
+from jobs.data.paths import DataPath
 from jobs.data.sharding import shard_indices
 from jobs.layers.image_heads import Backbone, ImageClassifier, Stem, count_parameters, create_resnet
 from jobs.layers.tversky import Difference, Init, Intersection, Semantics, SimilarityModel, TverskyProjection
@@ -45,7 +46,7 @@ EVAL_BATCH = 512
 class ImageConfig:
     dataset: ImageDataset = "digits"
     """digits: scikit-learn's 8x8 digits, 1437 train / 360 test, offline; mnist: 60,000 / 10,000 28x28 images."""
-    data_dir: str = "~/.cache/layerlab/data"
+    data_dir: DataPath = "~/.cache/layerlab/data"
     """MNIST root: the four IDX files go in <data_dir>/MNIST/raw (unused for digits)."""
     download: bool = False
     """mnist: download into data_dir when files are missing and a mirror answers; otherwise only local files."""

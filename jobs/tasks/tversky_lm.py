@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from jobs.config import check_fields, check_lm_schedule
+from jobs.data.paths import DataPath
 from jobs.data.text import Corpus, eval_windows, get_batch, load_text
 from jobs.layers.gpt import GPT, GPTConfig, Projection
 from jobs.layers.tversky import Difference, Intersection, Semantics, SimilarityModel
@@ -42,7 +43,7 @@ from jobs.runtime import Session
 class LmConfig:
     corpus: Corpus = "pydoc"
     """pydoc: the Python docs' English text (offline); ptb: Penn Treebank from the Hub or data_files."""
-    data_files: str | None = None
+    data_files: DataPath | None = None
     """ptb only: a folder holding ptb.train.txt, ptb.valid.txt, ptb.test.txt (no network needed)."""
     vocab_size: Annotated[int, at.Ge(3)] = 2000
     """Model vocabulary: <unk>, <eos> and the vocab_size - 2 most frequent train words (PTB: 10000)."""

@@ -18,7 +18,7 @@ import yaml
 
 from jobs.registry import get_task
 from service.settings import Settings
-from service.spec import MAX_DEPTH, NAME_RE, parse_spec
+from service.spec import MAX_DEPTH, NAME_RE, SweepSpec, parse_spec
 
 from .conftest import LIMIT, Api
 
@@ -293,9 +293,10 @@ def test_a_hostile_key_cannot_forge_a_second_error_line(api: Api) -> None:
 #   searched values    -> Tune trial folder names (Tune strips them to [A-Za-z0-9_-]) and MLflow params
 #   fixed params       -> MLflow params (database values) and the task's config
 #   task file names    -> artifact files, cut to their last component (workers/tracking._log_files)
-# Task params that are paths on purpose: tversky.image data_dir (MNIST is read, or downloaded, there)
-# and tversky.lm / memory.neurons data_files (PTB text files are read there). They hold what the
-# submitter typed, checked only for control characters; see RELIABILITY.md.
+# Task params that are paths on purpose (typed jobs.data.paths.DataPath): tversky.image data_dir (MNIST
+# is read, or downloaded, there), tversky.lm / memory.neurons data_files (PTB text files are read there),
+# symbolic.* cache_dir (generated data sets are written there). They must lie in LAYERLAB_DATA_ROOTS,
+# checked at submit and again by the worker (tests/service/test_data_paths.py).
 SHELL_CALLS = {"system", "popen", "create_subprocess_shell", "getoutput", "getstatusoutput"}
 """Calls that hand a command line to /bin/sh (os.exec*/spawn* and subprocess without shell=True take argv)."""
 SUBPROCESS = {"run", "Popen", "call", "check_call", "check_output"}
@@ -375,11 +376,12 @@ def test_searched_values_cannot_climb_out_of_the_tune_folder(tmp_path: Path) -> 
     from workers.sweep import make_trainable, param_space
 
     hostile = ["../../etc/passwd", "$(touch pwned)", "a/b;rm -rf ~", "`id`", "~/x", "..", "/", "x" * 500]
-    spec = parse_spec(
+    # SweepSpec alone: parse_spec refuses these as data paths; Tune must still make safe folders of them.
+    spec = SweepSpec.model_validate(
         {
             "name": "hostile",
             "task": "tversky.image",
-            "metric": {"name": "test/accuracy"},
+            "metric": {"name": "test/accuracy", "mode": "max"},
             "space": {"data_dir": {"grid": hostile}},
         }
     )
