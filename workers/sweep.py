@@ -183,14 +183,16 @@ def keep_experiment_state_restorable() -> None:
             # steers later suggestions: it rides along with the next save of the searcher.)
             saving["save_searcher"] = force or not must or len(self._trials) != saving.get("searched")
             self.save_to_dir()
+            progress = [c for c in self._callbacks._callbacks if isinstance(c, ProgressCallback)]
+            for callback in progress:
+                callback.before_state_upload()
             _upload_state_files(self._storage, saving["state_files"], saving.setdefault("uploaded", {}))
             manager._trial_num_checkpoints_since_last_sync.clear()
             manager._should_force_sync_up = False
             checkpointed = {t.trial_id for t in self._trials if t.checkpoint is not None}
             saving.update(live=live, checkpointed=checkpointed, at=now, searched=len(self._trials))
-            for callback in self._callbacks._callbacks:
-                if isinstance(callback, ProgressCallback):
-                    callback.state_saved()
+            for callback in progress:
+                callback.state_saved()
         if force or now - saving.get("folder_at", -math.inf) >= FOLDER_SYNC_PERIOD_S:
             _sync_folder(self._storage, wait=force or wait)
             saving["folder_at"] = now
@@ -428,14 +430,24 @@ class ProgressCallback(tune.Callback):
         if live is not None:
             live.ended.append((trial.trial_id, state, status))
 
+    def before_state_upload(self) -> None:
+        """The stored state must not get ahead of MLflow: a restore does not replay the results a saved
+        checkpoint covers, so their writes must be in (or kept back for an unreachable server) first."""
+        live = self.live
+        if live is not None:
+            live.tracker.settle()
+
     def state_saved(self) -> None:
         """The stored experiment state now holds every trial end so far: record them."""
         live = self.live
-        while live is not None and live.ended:
+        if live is None or not live.ended:
+            return
+        while live.ended:
             trial_id, state, status = live.ended[0]
             live.store.trial_ended(self.sweep_id, trial_id, state)
             live.tracker.end_trial(trial_id, status)
             live.ended.pop(0)
+        live.tracker.settle()  # the queue calls them finished: MLflow must too before a kill can come
 
 
 def _better(value: float, best: float | None, mode: str) -> bool:

@@ -6,6 +6,9 @@ a crash) instead of creating duplicates. Ray's MLflowLoggerCallback has neither 
 
 Training never waits for MLflow: a write during the sweep that finds the server unreachable is kept,
 in order, and delivered once it answers again (`flush`); the sweep ends only after the backlog is in.
+With a tracking server, the per-trial writes go through a writer thread (`_submit`): each is a round
+trip, about five per trial, that Tune's loop would otherwise wait out (benchmarks/mlflow_per_trial.py).
+A save of Tune's state first waits for the writes it must not get ahead of (`settle`).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import io
 import json
 import logging
 import os
+import queue
 import sqlite3
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -72,11 +77,67 @@ class SweepTracker:
         # Run id -> its artifact repository: MLflow's log_artifacts reads the whole run back each time
         # to find where its artifacts go (a run is logged to once or twice: its cache never hits).
         self._repos: dict[str, ArtifactRepository] = {}
+        # The writer thread (a tracking server only: a local store's writes are Python work that a thread
+        # would only interleave with Tune's loop under the GIL). Jobs are numbered as submitted.
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] | None = None
+        self._submitted = self._finished = self._must = 0  # _must: the last job a state save waits for
+        self._failure: BaseException | None = None
+        self._progress = threading.Condition()
+        if settings.tracking_uri.startswith(("http://", "https://")):
+            # MLflow prints a "View run" line for every run it ends on a server: 200 per 200-trial sweep.
+            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+            self._jobs = queue.SimpleQueue()
+            threading.Thread(target=self._writer, name=f"mlflow-writer-{claim.sweep_id}", daemon=True).start()
         _fast_sqlite_commits(settings.tracking_uri)
         with _first_use_lock(settings.tracking_uri):  # MlflowClient opens its store (creating it) at once
             self.client = MlflowClient(tracking_uri=settings.tracking_uri)
             self.experiment_id = self._waiting("find the experiment", self._experiment)
         self.parent_run_id = self._waiting("start the parent run", self._parent_run)
+
+    # --- the writer thread ---------------------------------------------------------------------
+
+    def _submit(self, job: Callable[[], None], before_saves: bool) -> None:
+        """Run a per-trial write: on the writer thread if there is one, else now. `before_saves`: a
+        state save must wait for it (metrics, files, ends: a restore does not replay what a saved
+        checkpoint covers). A trial's start need not be waited for: a restore starts the trial again."""
+        if self._jobs is None:
+            job()
+            return
+        with self._progress:
+            self._submitted += 1
+            if before_saves:
+                self._must = self._submitted
+        self._jobs.put(job)
+
+    def _writer(self) -> None:
+        assert self._jobs is not None
+        while (job := self._jobs.get()) is not None:
+            try:
+                if self._failure is None:  # after a failure the sweep fails at the next settle
+                    job()
+            except BaseException as exc:  # noqa: BLE001 - handed to the driver's thread by settle
+                self._failure = exc
+            with self._progress:
+                self._finished += 1
+                self._progress.notify_all()
+
+    def settle(self, everything: bool = False) -> None:
+        """Wait until the writes a state save must not get ahead of are done (every write, with
+        `everything`: before the driver's own MLflow calls); raise a write's failure here."""
+        if self._jobs is not None:
+            with self._progress:
+                target = self._submitted if everything else self._must
+                self._progress.wait_for(lambda: self._finished >= target)
+        if self._failure is not None:
+            raise self._failure
+
+    def close(self) -> None:
+        """Stop the writer thread once its writes are done (a failure stays for settle to raise)."""
+        if self._jobs is not None:
+            with self._progress:
+                self._progress.wait_for(lambda: self._finished >= self._submitted)
+            self._jobs.put(None)
+            self._jobs = None
 
     # --- when the server is down ---------------------------------------------------------------
 
@@ -94,7 +155,7 @@ class SweepTracker:
 
     def _write(self, what: str, write: Callable[[], object]) -> None:
         """A write during the sweep: now, or after the ones kept back, or kept back itself."""
-        if self._backlog and not self.flush():
+        if self._backlog and not self._deliver_backlog():
             self._backlog.append((what, write))
             return
         try:
@@ -108,6 +169,11 @@ class SweepTracker:
             self._retry_at = time.monotonic() + RETRY_SECONDS
 
     def flush(self, wait_seconds: float = 0.0) -> bool:
+        """Wait for the writer thread, then deliver the writes kept back (see _deliver_backlog)."""
+        self.settle(everything=True)
+        return self._deliver_backlog(wait_seconds)
+
+    def _deliver_backlog(self, wait_seconds: float = 0.0) -> bool:
         """Deliver the writes kept back, oldest first; True once none is left. Tries the server at most
         every RETRY_SECONDS (a cheap health probe first), for up to `wait_seconds`."""
         deadline = time.monotonic() + wait_seconds
@@ -207,7 +273,7 @@ class SweepTracker:
 
     def start_trial(self, trial_id: str, config: dict[str, Any]) -> None:
         # Safe to repeat: child_run finds a run it created (by tag) before using a new one.
-        self._write(f"start trial {trial_id}", lambda: self.child_run(trial_id, config))
+        self._submit(lambda: self._write(f"start trial {trial_id}", lambda: self.child_run(trial_id, config)), False)
 
     def child_run(self, trial_id: str, config: dict[str, Any]) -> str:
         if trial_id in self._children:
@@ -259,6 +325,9 @@ class SweepTracker:
     def log_trial_metrics(self, trial_id: str, metrics: dict[str, float], step: int) -> None:
         # The timestamp is taken now: a repeated write is then the same metric, which MLflow stores once.
         batch = [Metric(k, v, _now_ms(), step) for k, v in metrics.items()]
+        self._submit(lambda: self._log_metrics(trial_id, metrics, step, batch), True)
+
+    def _log_metrics(self, trial_id: str, metrics: dict[str, float], step: int, batch: list[Metric]) -> None:
         value = metrics.get(self.spec.metric.name)
 
         def write() -> None:
@@ -273,12 +342,15 @@ class SweepTracker:
         """A result for a step that an earlier attempt claimed (`trials.logged_iteration`) before it
         was killed: log it if MLflow never got it (the kill came between the claim and the write).
         Trials replay the steps after their last checkpoint, so such a step comes round again."""
+        self._submit(lambda: self._log_if_missing(trial_id, metrics, step), True)
+
+    def _log_if_missing(self, trial_id: str, metrics: dict[str, float], step: int) -> None:
         if trial_id not in self._logged_up_to:
             self._logged_up_to[trial_id] = self._highest_logged_step(trial_id)
         high = self._logged_up_to[trial_id]
         if high is not None and step > high:
             log.info("trial %s: step %d never reached MLflow before a crash; logging it now", trial_id, step)
-            self.log_trial_metrics(trial_id, metrics, step)
+            self._log_metrics(trial_id, metrics, step, [Metric(k, v, _now_ms(), step) for k, v in metrics.items()])
             self._logged_up_to[trial_id] = step
 
     def _highest_logged_step(self, trial_id: str) -> int | None:
@@ -303,7 +375,7 @@ class SweepTracker:
         def write() -> None:
             _log_files(self._repo(self._children.get(trial_id) or self.child_run(trial_id, {})), files)
 
-        self._write(f"trial {trial_id} files", write)
+        self._submit(lambda: self._write(f"trial {trial_id} files", write), True)
 
     def end_trial(self, trial_id: str, status: str) -> None:
         def write() -> None:
@@ -311,10 +383,11 @@ class SweepTracker:
             if run_id:
                 self.client.set_terminated(run_id, status=status)
 
-        self._write(f"end trial {trial_id}", write)
+        self._submit(lambda: self._write(f"end trial {trial_id}", write), True)
 
     def end_open_trials(self, status: str) -> None:
         """Close child runs of trials that were still running when the sweep stopped (cancel)."""
+        self.settle(everything=True)
         for trial in self.store.trials(self.sweep_id):
             if trial.mlflow_run_id and trial.state in ("running", "pending"):
                 run = self.client.get_run(trial.mlflow_run_id)
@@ -325,6 +398,7 @@ class SweepTracker:
 
     def log_summary(self) -> None:
         """Trials table and plots on the parent run."""
+        self.settle(everything=True)
         trials = self.store.trials(self.sweep_id)
         metric = self.spec.metric.name
         with tempfile.TemporaryDirectory() as d:
@@ -388,6 +462,7 @@ class SweepTracker:
         return out
 
     def end_parent(self, status: str, best: dict[str, Any] | None = None) -> None:
+        self.close()
         if best:
             self.client.log_batch(
                 self.parent_run_id,
@@ -437,7 +512,8 @@ _FAST_SQLITE: set[str] = set()
 
 @contextmanager
 def _fail_fast() -> Iterator[None]:
-    # MLflow reads these at every request; only this (the driver's) thread makes MLflow calls.
+    # MLflow reads these at every request; one thread at a time makes MLflow calls: during the sweep the
+    # writer thread, if there is one; the driver's only after `settle(everything=True)`.
     saved = {k: os.environ.get(k) for k in FAIL_FAST}
     os.environ.update(FAIL_FAST)
     try:

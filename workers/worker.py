@@ -133,6 +133,9 @@ class Worker:
         finally:
             stop_beat.set()
             LIVE.pop(claim.sweep_id, None)
+            live = live_holder.get("live")
+            if live is not None:
+                self._safe(live.tracker.close)  # its writer thread, if any
 
     def _safe(self, fn: Any) -> None:
         try:

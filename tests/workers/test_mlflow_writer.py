@@ -1,0 +1,108 @@
+"""SweepTracker's writer thread, used with a tracking server: the per-trial writes leave Tune's loop, and
+`settle` is where they are known to be in MLflow (a state save waits there) or where one failed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.exceptions import MlflowException
+
+from service.queue import QueueStore
+from service.settings import Settings
+from service.spec import parse_spec
+from tests.e2e.conftest import free_port
+from workers.tracking import SweepTracker
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    home, port = tmp_path_factory.mktemp("mlflow"), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{home / 'm.db'}",
+         "--default-artifact-root", (home / "artifacts").as_uri(), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)  # noqa: S310
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "mlflow server did not start"
+            time.sleep(0.5)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def tracker_for(tmp_path: Path, tracking_uri: str) -> tuple[SweepTracker, QueueStore]:
+    # Each test its own experiment: each has its own queue, so the same sweep id.
+    spec = parse_spec(
+        {"name": tmp_path.name.replace("[", "-").rstrip("]"), "task": "tversky.xor", "metric": {"name": "loss"}}
+    )
+    settings = Settings(home=tmp_path, mlflow_tracking_uri=tracking_uri)
+    store = QueueStore(settings.queue_url)
+    store.submit(spec)
+    claim = store.claim("w", 30)
+    assert claim is not None
+    return SweepTracker(settings, store, claim, spec), store
+
+
+def test_per_trial_writes_return_at_once_and_are_in_mlflow_after_settle(server: str, tmp_path: Path) -> None:
+    tracker, store = tracker_for(tmp_path, server)
+    assert tracker._jobs is not None  # a tracking server: the writer thread is on
+    start = time.perf_counter()
+    for i in range(5):
+        tracker.start_trial(f"t{i}", {"seed": i})
+        tracker.log_trial_files(f"t{i}", {"picture.png": b"png"})
+        tracker.log_trial_metrics(f"t{i}", {"loss": 1.0 / (i + 1)}, 1)
+        tracker.end_trial(f"t{i}", "FINISHED")
+    queued = time.perf_counter() - start
+    tracker.settle()
+    delivered = time.perf_counter() - start
+    assert queued < delivered / 3, (queued, delivered)  # the caller did not wait for the round trips
+
+    runs = {t.trial_id: t.mlflow_run_id for t in store.trials(tracker.sweep_id)}
+    assert sorted(runs) == [f"t{i}" for i in range(5)] and all(runs.values())
+    for i in range(5):
+        run = tracker.client.get_run(runs[f"t{i}"])
+        assert run.data.metrics == {"loss": 1.0 / (i + 1)} and run.info.status == "FINISHED"
+        assert [a.path for a in tracker.client.list_artifacts(run.info.run_id)] == ["picture.png"]
+    tracker.close()
+    assert tracker._jobs is None
+
+
+def test_a_refused_write_fails_at_settle_and_the_writes_after_it_are_not_made(server: str, tmp_path: Path) -> None:
+    tracker, store = tracker_for(tmp_path, server)
+    tracker.start_trial("t0", {"seed": 0})
+    tracker.log_trial_metrics("t0", {"bad?name": 1.0}, 1)  # MLflow refuses the metric name (not an outage)
+    tracker.log_trial_metrics("t0", {"loss": 0.5}, 2)
+    with pytest.raises(MlflowException, match="bad\\?name"):
+        tracker.settle()
+    [trial] = store.trials(tracker.sweep_id)
+    assert tracker.client.get_run(trial.mlflow_run_id).data.metrics == {}  # step 2 was not written either
+    with pytest.raises(MlflowException):
+        tracker.settle()  # and it stays failed
+    tracker.close()
+
+
+def test_a_local_store_writes_inline(tmp_path: Path) -> None:
+    tracker, store = tracker_for(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert tracker._jobs is None
+    tracker.start_trial("t0", {"seed": 0})
+    tracker.log_trial_metrics("t0", {"loss": 0.5}, 1)
+    [trial] = store.trials(tracker.sweep_id)  # no settle: already written
+    assert tracker.client.get_run(trial.mlflow_run_id).data.metrics == {"loss": 0.5}
