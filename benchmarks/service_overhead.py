@@ -3,6 +3,7 @@
     python benchmarks/service_overhead.py            # 200 trials
     python benchmarks/service_overhead.py --quick    # 40 trials
     python benchmarks/service_overhead.py --rounds 3 # plain and service three times in turn; median ratio
+    python benchmarks/service_overhead.py --mlflow-server   # the worker logs to a local MLflow server (HTTP)
 
 The sweep: task tversky.xor (a registered task) at a trivial size, steps=10 and one report (with its
 checkpoint and decision-boundary picture) per trial, a grid over `seed`, one CPU per trial, 2 at a time,
@@ -130,7 +131,7 @@ def run_plain(trials: int, worker_saving: bool = False) -> dict[str, float]:
 # --- through the service ------------------------------------------------------------------------
 
 
-def run_service(trials: int) -> dict[str, float]:
+def run_service(trials: int, mlflow_server: bool = False) -> dict[str, float]:
     import httpx
 
     home = Path(tempfile.mkdtemp(prefix="layerlab-overhead-"))
@@ -151,6 +152,17 @@ def run_service(trials: int) -> dict[str, float]:
     ).stdout.strip()
     procs = []
     try:
+        if mlflow_server:  # the production stack's path: the worker logs over HTTP, as `layerlab up` serves the UI
+            mlflow_port = _free_port()
+            env["LAYERLAB_MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{mlflow_port}"
+            cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
+                   "--default-artifact-root", (home / "mlartifacts").as_uri(), "--host", "127.0.0.1",
+                   "--port", str(mlflow_port), "--workers", "1"]  # fmt: skip
+            log = open(home / "mlflow.log", "wb")  # noqa: SIM115 - closed with the process
+            server_env = {**env, "MLFLOW_DISABLE_TELEMETRY": "true"}
+            procs.append(subprocess.Popen(cmd, env=server_env, stdout=log, stderr=log, start_new_session=True))
+            url = env["LAYERLAB_MLFLOW_TRACKING_URI"] + "/health"
+            _wait(lambda: httpx.get(url, timeout=2).status_code == 200, 120, "the MLflow server")
         for name, cmd in (("api", ["serve", "--port", str(port)]), ("worker", ["worker", "--worker-id", "bench"])):
             log = open(home / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
             procs.append(subprocess.Popen([LAYERLAB, *cmd], env=env, stdout=log, stderr=log, start_new_session=True))
@@ -221,6 +233,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="40 trials instead of 200")
     parser.add_argument("--plain-only", action="store_true", help="the two plain Tune runs, not the service")
     parser.add_argument(
+        "--mlflow-server", action="store_true", help="the service logs to a local MLflow server over HTTP"
+    )
+    parser.add_argument(
         "--rounds", type=int, default=1, help="plain and service N times in turn (N odd); verdict: the median ratio"
     )
     args = parser.parse_args()
@@ -240,8 +255,9 @@ def main() -> None:
               f"= {saving['seconds'] / base['seconds']:.2f}x")  # fmt: skip
         if args.plain_only:
             continue
-        served = run_service(trials)
-        print(f"  through the service:       {served['seconds']:.1f}s for {served['finished']:.0f} trials, POST to "
+        served = run_service(trials, args.mlflow_server)
+        via = " (MLflow over HTTP)" if args.mlflow_server else ""
+        print(f"  through the service{via}: {served['seconds']:.1f}s for {served['finished']:.0f} trials, POST to "
               f"succeeded ({served['in_worker']:.1f}s from claim to end in the worker)")  # fmt: skip
         ratios.append(served["seconds"] / base["seconds"])
         in_worker = served["in_worker"] / base["seconds"]
