@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from service.cli import _mlflow_server_cmd  # noqa: E402
 from service.queue import QueueStore  # noqa: E402
 from service.settings import Settings  # noqa: E402
 from service.spec import parse_spec  # noqa: E402
@@ -87,14 +88,11 @@ def main() -> None:
         print(f"  SQLite store in-process (embedded stack, baseline): {wall:.1f} ms per trial, all of it in Tune's "
               f"loop ({cpu:.1f} ms CPU)")  # fmt: skip
         port = 5000 + os.getpid() % 4000
-        server = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{home / 'server.db'}",
-             "--default-artifact-root", (home / "artifacts").as_uri(), "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "1"],
-            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        # The server as `layerlab up` starts it.
+        (home / "server").mkdir()
+        command = _mlflow_server_cmd(Settings(home=home / "server", mlflow_tracking_uri=None), port)
+        env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+        server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 120
             while True:

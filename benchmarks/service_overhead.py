@@ -155,9 +155,11 @@ def run_service(trials: int, mlflow_server: bool = False) -> dict[str, float]:
         if mlflow_server:  # the production stack's path: the worker logs over HTTP, as `layerlab up` serves the UI
             mlflow_port = _free_port()
             env["LAYERLAB_MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{mlflow_port}"
-            cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
-                   "--default-artifact-root", (home / "mlartifacts").as_uri(), "--host", "127.0.0.1",
-                   "--port", str(mlflow_port), "--workers", "1"]  # fmt: skip
+            from service.cli import _mlflow_server_cmd
+            from service.settings import Settings
+
+            # The server as `layerlab up` starts it.
+            cmd = _mlflow_server_cmd(Settings(home=home, mlflow_tracking_uri=None), mlflow_port)
             log = open(home / "mlflow.log", "wb")  # noqa: SIM115 - closed with the process
             server_env = {**env, "MLFLOW_DISABLE_TELEMETRY": "true"}
             procs.append(subprocess.Popen(cmd, env=server_env, stdout=log, stderr=log, start_new_session=True))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow.exceptions import MlflowException
 
+from service.cli import _mlflow_server_cmd
 from service.queue import QueueStore
 from service.settings import Settings
 from service.spec import parse_spec
@@ -26,14 +26,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     home, port = tmp_path_factory.mktemp("mlflow"), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{home / 'm.db'}",
-         "--default-artifact-root", (home / "artifacts").as_uri(), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    # The server exactly as `layerlab up` starts it.
+    command = _mlflow_server_cmd(Settings(home=home, mlflow_tracking_uri=None), port)
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
