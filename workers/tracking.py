@@ -19,10 +19,8 @@ import io
 import json
 import logging
 import os
-import queue
 import sqlite3
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -42,6 +40,7 @@ from sqlalchemy.pool import Pool
 from service.queue import Claim, QueueStore
 from service.settings import Settings
 from service.spec import SweepSpec
+from workers.write_queue import WriteQueue
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +76,13 @@ class SweepTracker:
         # Run id -> its artifact repository: MLflow's log_artifacts reads the whole run back each time
         # to find where its artifacts go (a run is logged to once or twice: its cache never hits).
         self._repos: dict[str, ArtifactRepository] = {}
-        # The writer thread (a tracking server only: a local store's writes are Python work that a thread
-        # would only interleave with Tune's loop under the GIL). Jobs are numbered as submitted.
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] | None = None
-        self._submitted = self._finished = self._must = 0  # _must: the last job a state save waits for
-        self._failure: BaseException | None = None
-        self._progress = threading.Condition()
+        # The writer thread: a tracking server only. A local store's writes are Python work that a thread
+        # would only interleave with Tune's loop under the GIL.
+        self._writes: WriteQueue | None = None
         if settings.tracking_uri.startswith(("http://", "https://")):
             # MLflow prints a "View run" line for every run it ends on a server: 200 per 200-trial sweep.
             os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-            self._jobs = queue.SimpleQueue()
-            threading.Thread(target=self._writer, name=f"mlflow-writer-{claim.sweep_id}", daemon=True).start()
+            self._writes = WriteQueue(f"mlflow-writer-{claim.sweep_id}")
         _fast_sqlite_commits(settings.tracking_uri)
         with _first_use_lock(settings.tracking_uri):  # MlflowClient opens its store (creating it) at once
             self.client = MlflowClient(tracking_uri=settings.tracking_uri)
@@ -100,44 +95,22 @@ class SweepTracker:
         """Run a per-trial write: on the writer thread if there is one, else now. `before_saves`: a
         state save must wait for it (metrics, files, ends: a restore does not replay what a saved
         checkpoint covers). A trial's start need not be waited for: a restore starts the trial again."""
-        if self._jobs is None:
+        if self._writes is None:
             job()
-            return
-        with self._progress:
-            self._submitted += 1
-            if before_saves:
-                self._must = self._submitted
-        self._jobs.put(job)
-
-    def _writer(self) -> None:
-        assert self._jobs is not None
-        while (job := self._jobs.get()) is not None:
-            try:
-                if self._failure is None:  # after a failure the sweep fails at the next settle
-                    job()
-            except BaseException as exc:  # noqa: BLE001 - handed to the driver's thread by settle
-                self._failure = exc
-            with self._progress:
-                self._finished += 1
-                self._progress.notify_all()
+        else:
+            self._writes.submit(job, before_saves)
 
     def settle(self, everything: bool = False) -> None:
         """Wait until the writes a state save must not get ahead of are done (every write, with
         `everything`: before the driver's own MLflow calls); raise a write's failure here."""
-        if self._jobs is not None:
-            with self._progress:
-                target = self._submitted if everything else self._must
-                self._progress.wait_for(lambda: self._finished >= target)
-        if self._failure is not None:
-            raise self._failure
+        if self._writes is not None:
+            self._writes.settle(everything)
 
     def close(self) -> None:
-        """Stop the writer thread once its writes are done (a failure stays for settle to raise)."""
-        if self._jobs is not None:
-            with self._progress:
-                self._progress.wait_for(lambda: self._finished >= self._submitted)
-            self._jobs.put(None)
-            self._jobs = None
+        """Stop the writer thread once its writes are done (a failure stays unraised)."""
+        if self._writes is not None:
+            self._writes.close()
+            self._writes = None
 
     # --- when the server is down ---------------------------------------------------------------
 

@@ -59,7 +59,7 @@ def tracker_for(tmp_path: Path, tracking_uri: str) -> tuple[SweepTracker, QueueS
 
 def test_per_trial_writes_return_at_once_and_are_in_mlflow_after_settle(server: str, tmp_path: Path) -> None:
     tracker, store = tracker_for(tmp_path, server)
-    assert tracker._jobs is not None  # a tracking server: the writer thread is on
+    assert tracker._writes is not None  # a tracking server: the writer thread is on
     start = time.perf_counter()
     for i in range(5):
         tracker.start_trial(f"t{i}", {"seed": i})
@@ -78,7 +78,7 @@ def test_per_trial_writes_return_at_once_and_are_in_mlflow_after_settle(server: 
         assert run.data.metrics == {"loss": 1.0 / (i + 1)} and run.info.status == "FINISHED"
         assert [a.path for a in tracker.client.list_artifacts(run.info.run_id)] == ["picture.png"]
     tracker.close()
-    assert tracker._jobs is None
+    assert tracker._writes is None
 
 
 def test_a_refused_write_fails_at_settle_and_the_writes_after_it_are_not_made(server: str, tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_a_refused_write_fails_at_settle_and_the_writes_after_it_are_not_made(se
 
 def test_a_local_store_writes_inline(tmp_path: Path) -> None:
     tracker, store = tracker_for(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert tracker._jobs is None
+    assert tracker._writes is None
     tracker.start_trial("t0", {"seed": 0})
     tracker.log_trial_metrics("t0", {"loss": 0.5}, 1)
     [trial] = store.trials(tracker.sweep_id)  # no settle: already written
