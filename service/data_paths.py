@@ -36,7 +36,7 @@ def data_path_errors(config: type, params: Mapping[str, Any], space: Mapping[str
         values = [(f"params.{key}", params[key])] if key in params else []
         domain = space.get(key)
         for kind in ("grid", "choice"):
-            listed = getattr(domain, kind, None) if not isinstance(domain, Mapping) else domain.get(kind)
+            listed = getattr(domain, kind, None)  # a service.spec.Domain, or None
             values += [(f"space.{key}.{kind}[{i}]", v) for i, v in enumerate(listed or ())]
         for where, value in values:
             if isinstance(value, str) and (problem := _outside(value, allowed, roots)):

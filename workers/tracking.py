@@ -297,7 +297,7 @@ class SweepTracker:
 
     def log_trial_metrics(self, trial_id: str, metrics: dict[str, float], step: int) -> None:
         # The timestamp is taken now: a repeated write is then the same metric, which MLflow stores once.
-        batch = [Metric(k, v, _now_ms(), step) for k, v in metrics.items()]
+        batch = _metric_batch(metrics, step)
         self._submit(lambda: self._log_metrics(trial_id, metrics, step, batch), True)
 
     def _log_metrics(self, trial_id: str, metrics: dict[str, float], step: int, batch: list[Metric]) -> None:
@@ -323,7 +323,7 @@ class SweepTracker:
         high = self._logged_up_to[trial_id]
         if high is not None and step > high:
             log.info("trial %s: step %d never reached MLflow before a crash; logging it now", trial_id, step)
-            self._log_metrics(trial_id, metrics, step, [Metric(k, v, _now_ms(), step) for k, v in metrics.items()])
+            self._log_metrics(trial_id, metrics, step, _metric_batch(metrics, step))
             self._logged_up_to[trial_id] = step
 
     def _highest_logged_step(self, trial_id: str) -> int | None:
@@ -526,6 +526,10 @@ def unreachable(exc: Exception) -> bool:
 
 def _short(exc: Exception) -> str:
     return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+
+
+def _metric_batch(metrics: dict[str, float], step: int) -> list[Metric]:
+    return [Metric(k, v, _now_ms(), step) for k, v in metrics.items()]
 
 
 def _now_ms() -> int:

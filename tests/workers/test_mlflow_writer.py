@@ -17,7 +17,7 @@ from service.cli import _mlflow_server_cmd
 from service.queue import QueueStore
 from service.settings import Settings
 from service.spec import parse_spec
-from tests.e2e.conftest import free_port
+from tests.e2e.conftest import free_port, wait_until
 from workers.tracking import SweepTracker
 
 pytestmark = pytest.mark.slow
@@ -31,14 +31,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
+
+    def answers() -> bool:
         try:
-            urllib.request.urlopen(url + "/health", timeout=2)  # noqa: S310
-            break
+            return urllib.request.urlopen(url + "/health", timeout=2).status == 200  # noqa: S310
         except OSError:
-            assert time.monotonic() < deadline, "mlflow server did not start"
-            time.sleep(0.5)
+            return False
+
+    wait_until(answers, 120, "the MLflow server")
     yield url
     proc.terminate()
     proc.wait(timeout=30)
