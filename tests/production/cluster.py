@@ -64,8 +64,18 @@ class RayNode:
     head: bool
 
     def kill(self) -> None:
-        """kill -9 every process of this node: what a machine crash does to it."""
+        """kill -9 every process of this node: what a machine crash does to it. Returns once none is
+        left: a killed process lingers a moment before the kernel ends it, and the raylet can start a
+        worker between the listing and its own kill (seen once in CI: the node still alive after kill)."""
         kill_matching(self.temp_dir, grace=0.0)
+        deadline = time.monotonic() + 10
+        while (pids := pids_matching(self.temp_dir)) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
 
     def alive(self) -> bool:
         return bool(pids_matching(self.temp_dir))
