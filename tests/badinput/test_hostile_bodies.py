@@ -18,7 +18,8 @@ import yaml
 
 from jobs.registry import get_task
 from service.settings import Settings
-from service.spec import MAX_DEPTH, NAME_RE, SweepSpec, parse_spec
+from service.spec import NAME_RE, SweepSpec, parse_spec
+from service.spec_loading import MAX_DEPTH
 
 from .conftest import LIMIT, Api
 

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.errors import SpecError
-from service.spec import MAX_DEPTH, SweepSpec, parse_spec
+from service.spec import SweepSpec, parse_spec
+from service.spec_loading import MAX_DEPTH
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "sweeps" / "tversky_xor_demo.yaml"

@@ -11,7 +11,8 @@ from service.errors import SpecError
 from service.models import SweepState
 from service.reads import SweepReader
 from service.schemas import ErrorResponse, SpecErrorResponse, SweepList, SweepPublic
-from service.spec import load_json, parse_spec
+from service.spec import parse_spec
+from service.spec_loading import load_json
 
 
 def _error(description: str) -> dict[str, Any]:
