@@ -14,32 +14,26 @@ A save of Tune's state first waits for the writes it must not get ahead of (`set
 from __future__ import annotations
 
 import csv
-import fcntl
 import io
 import json
 import logging
 import os
-import sqlite3
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import requests
 from mlflow.entities import Metric, Param, RunStatus
-from mlflow.exceptions import MlflowException
 from mlflow.store.artifact.artifact_repo import ArtifactRepository
 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 from mlflow.tracking import MlflowClient
-from sqlalchemy import event
-from sqlalchemy.pool import Pool
 
 from service.queue import Claim, QueueStore
 from service.settings import Settings
 from service.spec import SweepSpec
+from workers.mlflow_store import fail_fast, fast_sqlite_commits, first_use_lock, short, unreachable
 from workers.write_queue import WriteQueue
 
 log = logging.getLogger(__name__)
@@ -50,10 +44,6 @@ MLFLOW_OUTAGE_SECONDS = 900.0
 parent run at the start, the backlog of writes at the end."""
 RETRY_SECONDS = 5.0
 """Pause between attempts to reach MLflow while writes are kept back."""
-FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
-"""MLflow's HTTP retries around the writes made during a sweep. Its default retries a refused request
-for about 4 minutes, and a Tune callback waiting on it holds up every trial; these writes are kept
-back and delivered later instead (`SweepTracker._write`)."""
 
 
 def _param_value(v: Any) -> str:
@@ -83,8 +73,8 @@ class SweepTracker:
             # MLflow prints a "View run" line for every run it ends on a server: 200 per 200-trial sweep.
             os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
             self._writes = WriteQueue(f"mlflow-writer-{claim.sweep_id}")
-        _fast_sqlite_commits(settings.tracking_uri)
-        with _first_use_lock(settings.tracking_uri):  # MlflowClient opens its store (creating it) at once
+        fast_sqlite_commits(settings.tracking_uri)
+        with first_use_lock(settings.tracking_uri):  # MlflowClient opens its store (creating it) at once
             self.client = MlflowClient(tracking_uri=settings.tracking_uri)
             self.experiment_id = self._waiting("find the experiment", self._experiment)
         self.parent_run_id = self._waiting("start the parent run", self._parent_run)
@@ -123,7 +113,7 @@ class SweepTracker:
             except Exception as exc:
                 if not unreachable(exc) or time.monotonic() > deadline:
                     raise
-                log.warning("MLflow unreachable (%s); waiting to %s", _short(exc), what)
+                log.warning("MLflow unreachable (%s); waiting to %s", short(exc), what)
             time.sleep(RETRY_SECONDS)
 
     def _write(self, what: str, write: Callable[[], object]) -> None:
@@ -132,12 +122,12 @@ class SweepTracker:
             self._backlog.append((what, write))
             return
         try:
-            with _fail_fast():
+            with fail_fast():
                 write()
         except Exception as exc:
             if not unreachable(exc):
                 raise
-            log.warning("MLflow unreachable (%s); keeping writes until it answers, from: %s", _short(exc), what)
+            log.warning("MLflow unreachable (%s); keeping writes until it answers, from: %s", short(exc), what)
             self._backlog.append((what, write))
             self._retry_at = time.monotonic() + RETRY_SECONDS
 
@@ -160,7 +150,7 @@ class SweepTracker:
                 continue
             what, write = self._backlog[0]
             try:
-                with _fail_fast():
+                with fail_fast():
                     write()  # each write is safe to repeat: see the callers
             except Exception as exc:
                 if not unreachable(exc):
@@ -332,7 +322,7 @@ class SweepTracker:
         if run_id is None or self._backlog:
             return None
         try:
-            with _fail_fast():
+            with fail_fast():
                 keys = self.client.get_run(run_id).data.metrics
                 steps = [m.step for key in keys for m in self.client.get_metric_history(run_id, key)]
         except Exception as exc:
@@ -455,77 +445,6 @@ def _log_files(repo: ArtifactRepository, files: dict[str, bytes], folder: str | 
             # Path(...).name: a task-chosen name never climbs out of the folder.
             (Path(d) / Path(name).name).write_bytes(data)
         repo.log_artifacts(d, artifact_path=folder)  # type: ignore[no-untyped-call]
-
-
-def _fast_sqlite_commits(tracking_uri: str) -> None:
-    """An MLflow store in SQLite (the embedded stack) commits in WAL mode without a sync per commit, as
-    the queue does (service/db.py): in its default mode each of the ~6 commits per trial waited for
-    the disk, 8% of the Tune loop's time in benchmarks/service_overhead.py. A killed worker loses
-    nothing committed; a power cut can lose the last commits."""
-    if not tracking_uri.startswith("sqlite:///") or tracking_uri in _FAST_SQLITE:
-        return
-    _FAST_SQLITE.add(tracking_uri)
-    path = os.path.realpath(tracking_uri.removeprefix("sqlite:///"))
-
-    @event.listens_for(Pool, "connect")
-    def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-        if type(dbapi_conn).__module__ != "sqlite3":
-            return
-        rows = dbapi_conn.execute("PRAGMA database_list").fetchall()
-        if any(row[1] == "main" and row[2] and os.path.realpath(row[2]) == path for row in rows):
-            try:  # WAL stays set in the file; switching waits for no one (another process may hold it)
-                dbapi_conn.execute("PRAGMA journal_mode=WAL")
-            except sqlite3.OperationalError as exc:
-                log.info("MLflow's SQLite store stays in its journal mode for now: %s", exc)
-            dbapi_conn.execute("PRAGMA synchronous=NORMAL")
-
-
-_FAST_SQLITE: set[str] = set()
-
-
-@contextmanager
-def _fail_fast() -> Iterator[None]:
-    # MLflow reads these at every request; one thread at a time makes MLflow calls: during the sweep the
-    # writer thread, if there is one; the driver's only after `settle(everything=True)`.
-    saved = {k: os.environ.get(k) for k in FAIL_FAST}
-    os.environ.update(FAIL_FAST)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextmanager
-def _first_use_lock(tracking_uri: str) -> Iterator[None]:
-    """Two workers that open a new SQLite MLflow store at the same time both create its tables, and
-    the loser leaves the store half-migrated for good: every later sweep failed (found by tests/faults,
-    two workers started together). The first use of the store holds a file lock beside it."""
-    if not tracking_uri.startswith("sqlite:///"):
-        yield
-        return
-    with open(tracking_uri.removeprefix("sqlite:///") + ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def unreachable(exc: Exception) -> bool:
-    """The tracking server did not answer, or answered 5xx (down, restarting, overloaded): worth trying
-    again later. An answer that refuses the write (4xx) is not, and fails as before."""
-    if isinstance(exc, MlflowException):
-        status: int = exc.get_http_status_code()  # type: ignore[no-untyped-call]
-        return status >= 500
-    return isinstance(exc, requests.exceptions.RequestException | OSError)
-
-
-def _short(exc: Exception) -> str:
-    return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
 
 
 def _metric_batch(metrics: dict[str, float], step: int) -> list[Metric]:

@@ -20,8 +20,9 @@ from service.queue import QueueStore
 from service.settings import Settings
 from service.spec import SweepSpec, parse_spec
 from tests.e2e.conftest import free_port
+from workers.mlflow_store import unreachable
 from workers.sweep import STATE_BACKUP, _upload_state_files, repair_experiment_state
-from workers.tracking import SweepTracker, unreachable
+from workers.tracking import SweepTracker
 
 from .conftest import PrivatePostgres, actions, private_postgres
 
