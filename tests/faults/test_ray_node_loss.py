@@ -80,16 +80,20 @@ def test_a_lost_node_costs_the_trial_only_the_iterations_since_its_last_checkpoi
     assert (after.state, after.iteration, after.starts) == ("terminated", ITERATIONS, 2)  # started, retried once
     assert after.node_id != before.node_id, "the trial did not move to the replacement node"
 
-    # Tune's own record: iterations 1..K on the lost node, then K+1..N after the retry. Every report
-    # carries a checkpoint, so K is the last checkpoint Tune got before the node died, and at least
-    # the iteration the queue had seen when the kill came.
+    # Tune's own record: iterations 1..K on the lost node, then R..N after the retry, where R - 1 is
+    # the last checkpoint Tune registered. Every report carries a checkpoint, but Tune registers a
+    # function trainable's checkpoint in a second call to the trial after it has logged the result
+    # (TuneController._process_trial_result -> _schedule_trial_save, Ray 2.60): a node lost between
+    # the two makes R = K, and iteration K runs again. Either way the retry starts no earlier than
+    # the iteration the queue had seen when the kill came, and MLflow holds each step once (below).
     results = _tune_results(s3, sweep_id)
     iterations = [int(r["training_iteration"]) for r in results]  # type: ignore[call-overload]
     restarts = [i for i, r in enumerate(results) if r["iterations_since_restore"] == 1]
     assert len(restarts) == 2, f"expected one retry, Tune's results restart at {restarts}: {iterations}"
-    k = iterations[restarts[1] - 1]
-    assert iterations == list(range(1, ITERATIONS + 1)), f"an iteration ran twice or never: {iterations}"
-    assert iterations[restarts[1]] == k + 1 and k >= before.iteration, (k, before.iteration, iterations)
-    assert results[restarts[1]]["step"] == (k + 1) * 300, "the task did not resume from the checkpoint's step"
-    print(f"last checkpoint before the loss: iteration {k}; the retry went on at {iterations[restarts[1]]}")
+    k, r = iterations[restarts[1] - 1], iterations[restarts[1]]
+    assert r in (k, k + 1) and r >= before.iteration, (k, r, before.iteration, iterations)
+    expected = list(range(1, k + 1)) + list(range(r, ITERATIONS + 1))
+    assert iterations == expected, f"an iteration ran twice or never: {iterations}"
+    assert results[restarts[1]]["step"] == r * 300, "the task did not resume from the checkpoint's step"
+    print(f"last result before the loss: iteration {k}; the retry went on at {r}, after checkpoint {r - 1}")
     assert_tracked_once(stack.mlflow(), "node-loss", {after.trial_id: ITERATIONS}, "loss")
