@@ -46,16 +46,27 @@ def pids_matching(needle: str) -> list[int]:
     return pids
 
 
-def kill_matching(needle: str, grace: float = 5.0) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids_matching(needle):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace
-        while pids_matching(needle) and time.monotonic() < deadline:
-            time.sleep(0.2)
+def kill_matching(needle: str, grace: float = 5.0, settle: float = 10.0) -> None:
+    """SIGTERM every matching process, wait up to `grace` s, then SIGKILL whatever is left, again and
+    again until /proc lists none (up to `settle` s): a killed process lingers a moment before the kernel
+    ends it, and a raylet can start a worker between a listing and its own kill (seen once in CI)."""
+    for pid in pids_matching(needle):
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pids_matching(needle) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    deadline = time.monotonic() + settle
+    while (pids := pids_matching(needle)) and time.monotonic() < deadline:
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 @dataclass
@@ -64,18 +75,8 @@ class RayNode:
     head: bool
 
     def kill(self) -> None:
-        """kill -9 every process of this node: what a machine crash does to it. Returns once none is
-        left: a killed process lingers a moment before the kernel ends it, and the raylet can start a
-        worker between the listing and its own kill (seen once in CI: the node still alive after kill)."""
+        """kill -9 every process of this node: what a machine crash does to it. Returns once none is left."""
         kill_matching(self.temp_dir, grace=0.0)
-        deadline = time.monotonic() + 10
-        while (pids := pids_matching(self.temp_dir)) and time.monotonic() < deadline:
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)
 
     def alive(self) -> bool:
         return bool(pids_matching(self.temp_dir))
