@@ -4,6 +4,7 @@
     python benchmarks/service_overhead.py --quick    # 40 trials
     python benchmarks/service_overhead.py --rounds 3 # plain and service three times in turn; median ratio
     python benchmarks/service_overhead.py --mlflow-server   # the worker logs to a local MLflow server (HTTP)
+    python benchmarks/service_overhead.py --cpu      # also: CPU seconds per process group in each timed sweep
 
 The sweep: task tversky.xor (a registered task) at a trivial size, steps=10 and one report (with its
 checkpoint and decision-boundary picture) per trial, a grid over `seed`, one CPU per trial, 2 at a time,
@@ -20,7 +21,8 @@ service's cost on its own line (the ratio is against the first, plain run).
 
 Through the service (the embedded stack under a temp LAYERLAB_HOME: `layerlab serve` and `layerlab worker`
 subprocesses, SQLite queue, MLflow on SQLite + an artifact folder): timed from POST /sweeps to the moment
-GET /sweeps/{id} (polled every 0.1 s on one kept-alive connection) says succeeded. On top of fit() that
+GET /sweeps/{id}?wait=60 (a long poll, as `layerlab watch` waits: the API reads the row every 0.1 s and
+answers when the sweep ends) says succeeded. On top of fit() that
 holds: the HTTP submit and spec validation, the worker's poll (every 0.2 s here) and claim, its lease
 heartbeat, Tune's experiment state saved at trial starts (for resume after kill -9), the MLflow experiment,
 parent run and spec artifact, per trial a child run with params, metrics and the picture, trial rows
@@ -40,11 +42,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.cpu_use import CpuUse  # noqa: E402 - after the path line above
+from benchmarks.cpu_use import show as show_cpu  # noqa: E402
+
 LAYERLAB = str(Path(sys.executable).with_name("layerlab"))
 TARGET = 1.15
 
@@ -64,7 +71,7 @@ def spec_yaml(name: str, trials: int) -> str:
 # --- plain Ray Tune -----------------------------------------------------------------------------
 
 
-def plain(trials: int, folder: str, worker_saving: bool) -> None:
+def plain(trials: int, folder: str, worker_saving: bool, cpu: bool) -> None:
     """Runs in a child process; prints one JSON line with the timed fit."""
     os.environ.pop("TUNE_GLOBAL_CHECKPOINT_S", None)  # Tune's default, as a plain script has
     import ray
@@ -107,16 +114,17 @@ def plain(trials: int, folder: str, worker_saving: bool) -> None:
         return took, len([r for r in results if r.metrics.get("accuracy") is not None])
 
     fit("warmup", 2)
-    took, finished = fit("timed", trials)
+    with CpuUse() if cpu else nullcontext() as use:
+        took, finished = fit("timed", trials)
     ray.shutdown()
-    print(json.dumps({"seconds": took, "finished": finished}))
+    print(json.dumps({"seconds": took, "finished": finished, "cpu": use.by_group() if use else None}))
 
 
-def run_plain(trials: int, worker_saving: bool = False) -> dict[str, float]:
+def run_plain(trials: int, worker_saving: bool = False, cpu: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="rt", dir="/tmp") as ray_tmp, tempfile.TemporaryDirectory() as folder:
         env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
         done = subprocess.run(
-            [sys.executable, __file__, "--plain-child", str(trials), folder, str(int(worker_saving))],
+            [sys.executable, __file__, "--plain-child", str(trials), folder, str(int(worker_saving)), str(int(cpu))],
             env=env,
             capture_output=True,
             text=True,
@@ -124,14 +132,14 @@ def run_plain(trials: int, worker_saving: bool = False) -> dict[str, float]:
         )
     if done.returncode != 0:
         raise SystemExit(f"the plain Tune run failed:\n{done.stderr[-4000:]}")
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
 # --- through the service ------------------------------------------------------------------------
 
 
-def run_service(trials: int, mlflow_server: bool = False) -> dict[str, float]:
+def run_service(trials: int, mlflow_server: bool = False, cpu: bool = False) -> dict[str, Any]:
     import httpx
 
     home = Path(tempfile.mkdtemp(prefix="layerlab-overhead-"))
@@ -171,25 +179,31 @@ def run_service(trials: int, mlflow_server: bool = False) -> dict[str, float]:
         base, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
         _wait(lambda: httpx.get(f"{base}/healthz", timeout=2).status_code == 200, 120, "the API")
 
-        def sweep(name: str, n: int) -> dict[str, float]:
+        def sweep(name: str, n: int) -> dict[str, Any]:
             headers = {**auth, "content-type": "application/yaml"}
             start = time.perf_counter()
             created = client.post(f"{base}/sweeps", content=spec_yaml(name, n), headers=headers, timeout=30)
             assert created.status_code == 201, created.text
             url = f"{base}/sweeps/{created.json()['id']}"
-            while (body := client.get(url, headers=auth, timeout=30).json())["state"] in ("queued", "running"):
-                time.sleep(0.1)
+            # A long poll, as `layerlab watch` waits: the API answers within 0.1 s of the end.
+            while (body := client.get(url, headers=auth, params={"wait": 60}, timeout=90).json())["state"] in (
+                "queued",
+                "running",
+            ):
+                pass
             took = time.perf_counter() - start
             assert body["state"] == "succeeded", (body["state"], body["reason"], (home / "worker.log"))
             assert body["trials"]["finished"] == n, body["trials"]
             in_worker = datetime.fromisoformat(body["finished_at"]) - datetime.fromisoformat(body["started_at"])
             return {"seconds": took, "in_worker": in_worker.total_seconds(), "finished": body["trials"]["finished"]}
 
-        # One connection for the polls: a new client per request costs ~15 ms of this machine's CPU,
-        # which the sweep would pay for (3.5 s over a 200-trial sweep, measured).
+        # One connection: a new client per request costs ~15 ms of this machine's CPU, which the sweep
+        # would pay for (3.5 s over a 200-trial sweep, measured, when the client polled every 0.1 s).
         with httpx.Client() as client:
             sweep("warmup", 2)
-            return sweep("timed", trials)
+            with CpuUse() if cpu else nullcontext() as use:
+                timed = sweep("timed", trials)
+            return {**timed, "cpu": use.by_group() if use else None}
     finally:
         for proc in procs:
             # The process alone first: a worker shuts its local Ray down itself. Its whole group at once
@@ -227,9 +241,14 @@ def _wait(ready: Callable[[], bool], timeout: float, what: str) -> None:
     raise SystemExit(f"{what} did not start within {timeout:.0f}s")
 
 
+def _show_cpu(result: dict[str, Any]) -> None:
+    if result.get("cpu"):
+        print(show_cpu(result["cpu"], result["seconds"]))
+
+
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] == "--plain-child":
-        plain(int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1")
+    if len(sys.argv) == 6 and sys.argv[1] == "--plain-child":
+        plain(int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", sys.argv[5] == "1")
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="40 trials instead of 200")
@@ -237,6 +256,7 @@ def main() -> None:
     parser.add_argument(
         "--mlflow-server", action="store_true", help="the service logs to a local MLflow server over HTTP"
     )
+    parser.add_argument("--cpu", action="store_true", help="CPU seconds per process group in each timed sweep")
     parser.add_argument(
         "--rounds", type=int, default=1, help="plain and service N times in turn (N odd); verdict: the median ratio"
     )
@@ -249,18 +269,21 @@ def main() -> None:
     for k in range(args.rounds):
         if args.rounds > 1:
             print(f"round {k + 1} of {args.rounds}:")
-        base = run_plain(trials)
+        base = run_plain(trials, cpu=args.cpu)
         print(f"  plain Ray Tune (baseline): {base['seconds']:.1f}s for {base['finished']:.0f} trials "
               f"({base['seconds'] / trials * 1e3:.0f} ms per trial)")  # fmt: skip
-        saving = run_plain(trials, worker_saving=True)
+        _show_cpu(base)
+        saving = run_plain(trials, worker_saving=True, cpu=args.cpu)
         print(f"  plain, with the worker's state saving: {saving['seconds']:.1f}s "
               f"= {saving['seconds'] / base['seconds']:.2f}x")  # fmt: skip
+        _show_cpu(saving)
         if args.plain_only:
             continue
-        served = run_service(trials, args.mlflow_server)
+        served = run_service(trials, args.mlflow_server, args.cpu)
         via = " (MLflow over HTTP)" if args.mlflow_server else ""
         print(f"  through the service{via}: {served['seconds']:.1f}s for {served['finished']:.0f} trials, POST to "
               f"succeeded ({served['in_worker']:.1f}s from claim to end in the worker)")  # fmt: skip
+        _show_cpu(served)
         ratios.append(served["seconds"] / base["seconds"])
         in_worker = served["in_worker"] / base["seconds"]
         print(f"  ratio service / plain: {ratios[-1]:.2f}x (claim to end: {in_worker:.2f}x)")

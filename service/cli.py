@@ -62,7 +62,8 @@ def _api(method: str, path: str, **kwargs: Any) -> Any:
     if token:
         kwargs["headers"] = {**kwargs.get("headers", {}), "Authorization": f"Bearer {token}"}
     try:
-        resp = httpx.request(method, url, timeout=30, **kwargs)
+        # The read timeout outlasts the longest long poll (GET /sweeps/{id}?wait=, 60 s).
+        resp = httpx.request(method, url, timeout=httpx.Timeout(30, read=90), **kwargs)
     except httpx.HTTPError as exc:
         raise _fail(
             f"cannot reach the layerlab API at {url} ({exc}); start it with `layerlab up` "
@@ -142,7 +143,10 @@ def show(sweep_id: int) -> None:
 
 
 @app.command()
-def watch(sweep_id: int, interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 1.0) -> None:
+def watch(
+    sweep_id: int,
+    interval: Annotated[float, typer.Option(min=0.1, max=60, help="Seconds between progress updates.")] = 1.0,
+) -> None:
     """A live progress bar until the sweep ends: trials finished/total, best metric so far."""
     with Progress(
         TextColumn("[bold]sweep {task.fields[sid]}[/bold] {task.fields[state]}"),
@@ -154,7 +158,9 @@ def watch(sweep_id: int, interval: Annotated[float, typer.Option(help="Seconds b
     ) as progress:
         bar = progress.add_task("sweep", total=None, sid=sweep_id, state="", running=0, errored=0, best="-")
         while True:
-            s = _api("GET", f"/sweeps/{sweep_id}")
+            # A long poll: the API answers after `interval`, or at once when the sweep ends.
+            asked = time.monotonic()
+            s = _api("GET", f"/sweeps/{sweep_id}", params={"wait": interval})
             t = s["trials"]
             best = "-" if s["best_metric"] is None else f"{s['metric']['name']}={s['best_metric']:.4g}"
             progress.update(
@@ -168,7 +174,7 @@ def watch(sweep_id: int, interval: Annotated[float, typer.Option(help="Seconds b
             )
             if s["state"] in TERMINAL:
                 break
-            time.sleep(interval)
+            time.sleep(max(0.0, interval - (time.monotonic() - asked)))  # an API that answered early
     _print_outcome(s)
     if s["state"] != "succeeded":
         raise typer.Exit(1)

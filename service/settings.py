@@ -29,6 +29,12 @@ class Settings(BaseSettings):
         description="Folders (separated by ':') that task params naming a file or folder (data_dir, data_files, "
         "cache_dir) must lie in, on the API's machine and on every worker's (service/data_paths.py).",
     )
+    api_max_wait_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=60,
+        description="Longest long poll GET /sweeps/{id}?wait= holds (shorter waits are cut to this).",
+    )
     api_workers: int = Field(default=1, ge=1, le=64, description="Processes of `layerlab serve` (uvicorn workers).")
     token_cache_seconds: float = Field(
         default=5.0,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -175,6 +177,59 @@ def test_get_sweep(client: TestClient, demo_dict: dict[str, Any]) -> None:
     resp = client.get(f"/sweeps/{created['id']}")
     assert resp.status_code == 200
     assert resp.json() == created
+
+
+def test_a_long_poll_answers_as_soon_as_the_sweep_ends(client: TestClient, demo_dict: dict[str, Any]) -> None:
+    sweep_id = submit(client, demo_dict)["id"]
+    store = store_of(client)
+    claim = store.claim("w1", 30)
+    assert claim is not None
+    finisher = threading.Timer(0.5, store.finish, args=(claim,))
+    finisher.start()
+    started = time.monotonic()
+    resp = client.get(f"/sweeps/{sweep_id}", params={"wait": 30})
+    took = time.monotonic() - started
+    finisher.join()
+    assert resp.status_code == 200
+    assert resp.json()["state"] == "succeeded"
+    assert 0.45 < took < 5, took  # held while running, answered within a read or two of the end
+
+
+def test_a_long_poll_gives_the_sweep_as_it_is_when_the_wait_runs_out(
+    client: TestClient, demo_dict: dict[str, Any]
+) -> None:
+    sweep_id = submit(client, demo_dict)["id"]
+    started = time.monotonic()
+    resp = client.get(f"/sweeps/{sweep_id}", params={"wait": 0.6})
+    took = time.monotonic() - started
+    assert resp.status_code == 200
+    assert resp.json()["state"] == "queued"
+    assert 0.55 < took < 5, took
+    store_of(client).cancel(sweep_id)
+    started = time.monotonic()
+    assert client.get(f"/sweeps/{sweep_id}", params={"wait": 30}).json()["state"] == "cancelled"
+    assert time.monotonic() - started < 1  # ended already: no wait
+
+
+def test_a_long_poll_is_cut_to_the_servers_longest(tmp_path: Path, demo_dict: dict[str, Any]) -> None:
+    settings = Settings(home=tmp_path, database_url=None, api_max_wait_seconds=0.2)
+    app = create_app(settings)
+    _, token = app.state.tokens.create("alice")
+    with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as client:
+        sweep_id = submit(client, demo_dict)["id"]
+        started = time.monotonic()
+        assert client.get(f"/sweeps/{sweep_id}", params={"wait": 60}).json()["state"] == "queued"
+        assert time.monotonic() - started < 2
+    db.dispose_all()
+
+
+@pytest.mark.parametrize("wait", ["-1", "60.5", "soon"])
+def test_a_wait_outside_0_to_60_seconds_is_422(client: TestClient, demo_dict: dict[str, Any], wait: str) -> None:
+    sweep_id = submit(client, demo_dict)["id"]
+    resp = client.get(f"/sweeps/{sweep_id}", params={"wait": wait})
+    assert resp.status_code == 422
+    [error] = resp.json()["detail"]
+    assert error["loc"] == ["query", "wait"]
 
 
 def test_get_missing_sweep_is_404(client: TestClient) -> None:
