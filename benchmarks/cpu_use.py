@@ -33,6 +33,8 @@ def _group(cmdline: str, me: int, pid: int) -> str:
 
 
 def _read() -> dict[int, tuple[str, float]]:
+    """pid -> (command line, CPU seconds so far). The command line is read every time: Ray's workers
+    rename themselves (ray::IDLE, then ray::ImplicitFunc...) after they start."""
     out = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -50,7 +52,7 @@ def _read() -> dict[int, tuple[str, float]]:
 class CpuUse:
     """`with CpuUse() as use: ...` then `use.by_group()`: CPU seconds each group used inside the block."""
 
-    def __init__(self, period: float = 0.25) -> None:
+    def __init__(self, period: float = 0.5) -> None:
         self.period = period
         self._first: dict[int, float] = {}
         self._last: dict[int, tuple[str, float]] = {}

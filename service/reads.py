@@ -15,6 +15,8 @@ API's 503 (service/app.py).
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import threading
 import weakref
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -30,6 +32,7 @@ from service.queue import QueueStore
 
 # Everything GET /sweeps/{id} shows; the spec (up to 64 KB of JSON and YAML) stays in the database.
 SHOWN = [c for c in Sweep.__table__.columns if c.name not in ("spec", "spec_yaml")]
+STATE_SQL = f"SELECT state FROM {Sweep.__tablename__} WHERE id = "
 POOL_SIZE = 8
 """Connections per API process (per event loop): enough to keep PostgreSQL busy from one process."""
 
@@ -63,6 +66,8 @@ class SweepReader:
         self.store = store
         self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pool] = weakref.WeakKeyDictionary()
         self._sql: str | None = None
+        self._sqlite_path = None if store.is_postgres else store.engine.url.database
+        self._sqlite = threading.local()
         if store.is_postgres:
             url = store.engine.url
             self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -78,6 +83,26 @@ class SweepReader:
             raise SweepNotFound(sweep_id)
         return _fold(rows)
 
+    async def state(self, sweep_id: int) -> str | None:
+        """Only the sweep's state, for a long poll's repeated check (None: no such sweep). On SQLite it is
+        read on the event loop on a connection of its own: a WAL reader never waits for the worker's
+        writes, and the read takes tens of microseconds, where the full read through the thread pool
+        cost 1.5-4.6 ms of the API's CPU (10 times a second per waiting client)."""
+        if self._sql is not None:
+            rows = await self._pool().fetch(STATE_SQL + "%(sweep_id)s", {"sweep_id": sweep_id})
+        elif not self._sqlite_path or self._sqlite_path == ":memory:":  # no file another connection can open
+            return str((await self.get_with_counts(sweep_id))[0].state)
+        else:
+            rows = self._sqlite_connection().execute(STATE_SQL + "?", (sweep_id,)).fetchall()
+        return str(rows[0][0]) if rows else None
+
+    def _sqlite_connection(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._sqlite, "conn", None)
+        if conn is None:  # one per thread (TestClient runs the app's loop in a thread of its own)
+            path = str(self._sqlite_path)
+            conn = self._sqlite.conn = sqlite3.connect(path, timeout=1.0, isolation_level=None)
+        return conn
+
     def _read_sync(self, sweep_id: int) -> list[Any]:
         with self.store.engine.connect() as conn:
             return list(conn.execute(_statement(sweep_id)))
@@ -91,6 +116,10 @@ class SweepReader:
 
     async def close(self) -> None:
         """Close this event loop's connections (the app's shutdown)."""
+        conn = getattr(self._sqlite, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._sqlite.conn = None
         pool = self._pools.pop(asyncio.get_running_loop(), None)
         if pool is not None:
             await pool.close()

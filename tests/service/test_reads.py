@@ -62,6 +62,25 @@ def test_same_row_and_counts_as_the_orm(store: QueueStore, make_spec: MakeSpec) 
         read(reader, 999)
 
 
+def test_state_follows_the_queue_and_is_none_for_no_sweep(store: QueueStore, make_spec: MakeSpec) -> None:
+    """The long poll's check: on SQLite through a connection of its own, which must see each commit."""
+    reader = SweepReader(store)
+    sweep_id = store.submit(make_spec("watched")).id
+
+    async def states() -> list[str | None]:
+        try:
+            seen = [await reader.state(sweep_id)]
+            claim = store.claim("w1", 30.0)
+            assert claim is not None
+            seen.append(await reader.state(sweep_id))
+            store.finish(claim)
+            return [*seen, await reader.state(sweep_id), await reader.state(sweep_id + 1000)]
+        finally:
+            await reader.close()
+
+    assert asyncio.run(states()) == ["queued", "running", "succeeded", None]
+
+
 def test_a_connection_broken_while_idle_is_replaced(postgres_url: str, make_spec: MakeSpec) -> None:
     store = QueueStore(postgres_url)
     sweep = store.submit(make_spec("kept"))
