@@ -84,12 +84,16 @@ _NoAliasLoader.yaml_implicit_resolvers = {
 }
 
 
+def _utf8(body: bytes) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError([f"<document>: not UTF-8 text (byte {exc.start}); save the file as UTF-8"]) from None
+
+
 def load_yaml(text: str | bytes) -> Any:
     if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise SpecError([f"<document>: not UTF-8 text (byte {exc.start}); save the file as UTF-8"]) from None
+        text = _utf8(text)
     try:
         return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -121,10 +125,7 @@ def load_json(body: bytes) -> Any:
             out[key] = value
         return out
 
-    try:
-        text = body.decode("utf-8")  # not json.loads(bytes): it would take UTF-16 and UTF-32 as well
-    except UnicodeDecodeError as exc:
-        raise SpecError([f"<document>: not UTF-8 text (byte {exc.start}); save the file as UTF-8"]) from None
+    text = _utf8(body)  # not json.loads(bytes): it would take UTF-16 and UTF-32 as well
     try:
         data = json.loads(text, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as exc:
