@@ -19,11 +19,11 @@ TICKS = os.sysconf("SC_CLK_TCK")
 def _group(cmdline: str, me: int, pid: int) -> str:
     if pid == me:
         return "this process (client / plain driver)"
-    if "layerlab serve" in cmdline or "layerlab', 'serve" in cmdline:
+    if "layerlab serve" in cmdline:
         return "API (layerlab serve)"
     if "layerlab worker" in cmdline:
         return "worker (layerlab worker)"
-    if "mlflow" in cmdline and "server" in cmdline or "uvicorn" in cmdline or "gunicorn" in cmdline:
+    if ("mlflow" in cmdline and "server" in cmdline) or "uvicorn" in cmdline or "gunicorn" in cmdline:
         return "MLflow server"
     if cmdline.startswith("ray::"):
         return "trials (ray:: workers)"

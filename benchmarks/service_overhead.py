@@ -21,8 +21,8 @@ service's cost on its own line (the ratio is against the first, plain run).
 
 Through the service (the embedded stack under a temp LAYERLAB_HOME: `layerlab serve` and `layerlab worker`
 subprocesses, SQLite queue, MLflow on SQLite + an artifact folder): timed from POST /sweeps to the moment
-GET /sweeps/{id}?wait=60 (a long poll, as `layerlab watch` waits: the API reads the row every 0.1 s and
-answers when the sweep ends) says succeeded. On top of fit() that
+GET /sweeps/{id}?wait=60 (a long poll, as `layerlab watch` waits: the API reads the sweep's state every
+0.1 s and answers when the sweep ends) says succeeded. On top of fit() that
 holds: the HTTP submit and spec validation, the worker's poll (every 0.2 s here) and claim, its lease
 heartbeat, Tune's experiment state saved at trial starts (for resume after kill -9), the MLflow experiment,
 parent run and spec artifact, per trial a child run with params, metrics and the picture, trial rows

@@ -108,9 +108,8 @@ def list_sweeps(
 
 MAX_WAIT_SECONDS = 60.0
 WAIT_CHECK_SECONDS = 0.1
-"""How often a long poll reads the sweep's state again (SweepReader.state: tens of microseconds), where
-polling the endpoint every 0.1 s cost the API and its client ~11 ms of CPU per poll on this box."""
-ENDED = {s.value for s in TERMINAL}
+"""How often a long poll reads the sweep's state again (SweepReader.state). Measured on `layerlab serve`
+with SQLite: 10 s of one long poll cost the API 0.14 s of CPU, polling every 0.1 s cost it 0.59 s."""
 
 
 @router.get("/{sweep_id}", response_model=SweepPublic, responses={404: _error("no sweep with this id")})
@@ -132,11 +131,11 @@ async def get_sweep(
     # and the model serialised once here instead of validated again by FastAPI against response_model.
     reader: SweepReader = request.app.state.reader
     sweep, counts = await reader.get_with_counts(sweep_id)
-    deadline = time.monotonic() + min(wait, settings.api_max_wait_seconds)
-    if sweep.state not in ENDED and deadline > time.monotonic():
+    if sweep.state not in TERMINAL and (limit := min(wait, settings.api_max_wait_seconds)) > 0:
+        deadline = time.monotonic() + limit
         while (left := deadline - time.monotonic()) > 0:
             await asyncio.sleep(min(WAIT_CHECK_SECONDS, left))
-            if await request.is_disconnected() or await reader.state(sweep_id) in ENDED:
+            if await request.is_disconnected() or await reader.state(sweep_id) in TERMINAL:
                 break  # the client gave up, or the sweep ended
         sweep, counts = await reader.get_with_counts(sweep_id)
     body = SweepPublic.build(sweep, counts, settings.mlflow_ui_url).model_dump_json()
