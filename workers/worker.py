@@ -111,8 +111,9 @@ class Worker:
     # --- one sweep ---------------------------------------------------------------------------
 
     def run_claim(self, claim: Claim) -> None:
-        from workers.sweep import LIVE
-
+        # The lease is renewed from the moment of the claim: nothing slow may come first. (Importing
+        # Ray and Tune takes seconds, 7 s on a loaded 2-core machine, longer than a short lease: a
+        # second worker then took the sweep while the first was still importing and both ran it.)
         stop_beat = threading.Event()
         live_holder: dict[str, Any] = {}
         beat = threading.Thread(target=self._heartbeat, args=(claim, stop_beat, live_holder), daemon=True)
@@ -132,9 +133,11 @@ class Worker:
                 self._safe(lambda: self.store.fail(claim, reason[:4000]))
         finally:
             stop_beat.set()
-            LIVE.pop(claim.sweep_id, None)
             live = live_holder.get("live")
             if live is not None:
+                from workers.sweep import LIVE  # imported by then: _execute registered the sweep there
+
+                LIVE.pop(claim.sweep_id, None)
                 self._safe(live.tracker.close)  # its writer thread, if any
 
     def _safe(self, fn: Any) -> None:
