@@ -9,13 +9,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 
 from service import db
 from service.app import create_app
 from service.queue import QueueStore
 from service.settings import Settings
+from tests.e2e.conftest import free_port, wait_until
 
 LIMIT = 4096
 YAML = {"content-type": "application/yaml"}
@@ -221,6 +224,40 @@ def test_a_long_poll_is_cut_to_the_servers_longest(tmp_path: Path, demo_dict: di
         assert client.get(f"/sweeps/{sweep_id}", params={"wait": 60}).json()["state"] == "queued"
         assert time.monotonic() - started < 2
     db.dispose_all()
+
+
+def test_a_long_poll_stops_reading_when_the_client_hangs_up(tmp_path: Path, demo_dict: dict[str, Any]) -> None:
+    # A real server (uvicorn): only a real connection can be hung up on. A client that gives up must not
+    # leave the API reading the sweep's state every 0.1 s until the wait runs out.
+    settings = Settings(home=tmp_path, database_url=None)
+    app = create_app(settings)
+    _, token = app.state.tokens.create("alice")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.config.port}"
+        headers = {"Authorization": f"Bearer {token}"}
+        wait_until(lambda: server.started, 30, "the server")
+        reads = []
+        state = app.state.reader.state
+
+        async def counted_state(sweep_id: int) -> Any:
+            reads.append(time.monotonic())
+            return await state(sweep_id)
+
+        app.state.reader.state = counted_state
+        sweep_id = httpx.post(f"{url}/sweeps", json=demo_dict, headers=headers).json()["id"]
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.get(f"{url}/sweeps/{sweep_id}", params={"wait": 60}, headers=headers, timeout=1.0)
+        hung_up = time.monotonic()
+        time.sleep(2.5)
+        assert len(reads) >= 3, reads  # it was polling while the client waited
+        assert max(reads) - hung_up < 1.0, f"still reading {max(reads) - hung_up:.1f}s after the hang-up"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        db.dispose_all()
 
 
 @pytest.mark.parametrize("wait", ["-1", "60.5", "soon"])
