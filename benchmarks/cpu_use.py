@@ -29,7 +29,22 @@ def _group(cmdline: str, me: int, pid: int) -> str:
         return "trials (ray:: workers)"
     if "ray" in cmdline:
         return "Ray's own processes (raylet, GCS, agents)"
-    return "everything else"
+    # The rest by program: on a shared box this is where the other tenants' load shows (postgres, ...).
+    return f"other: {_program(cmdline)}"
+
+
+def _program(cmdline: str) -> str:
+    """`postgres`, `redis-server`, `pytest`: a Python program by its script or -m module, not `python`."""
+    words = cmdline.split()
+    if not words:
+        return "(no command line)"
+    if Path(words[0]).name.startswith("python"):
+        args = [w for w in words[1:] if not w.startswith("-") or w == "-m"]
+        if args[:1] == ["-m"] and len(args) > 1:
+            return args[1]
+        if args:
+            return Path(args[0]).name
+    return Path(words[0]).name.rstrip(":")
 
 
 def _read() -> dict[int, tuple[str, float]]:
