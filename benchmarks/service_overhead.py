@@ -5,6 +5,7 @@
     python benchmarks/service_overhead.py --rounds 3 # plain and service three times in turn; median ratio
     python benchmarks/service_overhead.py --mlflow-server   # the worker logs to a local MLflow server (HTTP)
     python benchmarks/service_overhead.py --cpu      # also: CPU seconds per process group in each timed sweep
+    python benchmarks/service_overhead.py --service-only --py-spy worker.raw   # profile the worker's sweep
 
 The sweep: task tversky.xor (a registered task) at a trivial size, steps=10 and one report (with its
 checkpoint and decision-boundary picture) per trial, a grid over `seed`, one CPU per trial, 2 at a time,
@@ -41,8 +42,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,7 @@ def run_plain(trials: int, worker_saving: bool = False, cpu: bool = False) -> di
 # --- through the service ------------------------------------------------------------------------
 
 
-def run_service(trials: int, mlflow_server: bool = False, cpu: bool = False) -> dict[str, Any]:
+def run_service(trials: int, mlflow_server: bool = False, cpu: bool = False, spy: str | None = None) -> dict[str, Any]:
     import httpx
 
     home = Path(tempfile.mkdtemp(prefix="layerlab-overhead-"))
@@ -201,7 +202,7 @@ def run_service(trials: int, mlflow_server: bool = False, cpu: bool = False) -> 
         # would pay for (3.5 s over a 200-trial sweep, measured, when the client polled every 0.1 s).
         with httpx.Client() as client:
             sweep("warmup", 2)
-            with CpuUse() if cpu else nullcontext() as use:
+            with CpuUse() if cpu else nullcontext() as use, _py_spy(procs[-1].pid, spy):
                 timed = sweep("timed", trials)
             return {**timed, "cpu": use.by_group() if use else None}
     finally:
@@ -241,6 +242,23 @@ def _wait(ready: Callable[[], bool], timeout: float, what: str) -> None:
     raise SystemExit(f"{what} did not start within {timeout:.0f}s")
 
 
+@contextmanager
+def _py_spy(pid: int, out: str | None) -> Iterator[None]:
+    """py-spy (PY_SPY, else on PATH) samples the worker's Python stacks for the timed sweep only: the
+    warm-up's imports and Ray's start stay out of the profile. Raw (collapsed) stacks go to `out`."""
+    if out is None:
+        yield
+        return
+    cmd = [os.environ.get("PY_SPY", "py-spy"), "record", "-p", str(pid), "-f", "raw", "-o", out, "--nonblocking"]
+    spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
+        spy.wait(timeout=60)
+        print(f"  py-spy stacks of the worker in the timed sweep: {out}")
+
+
 def _show_cpu(result: dict[str, Any]) -> None:
     if result.get("cpu"):
         print(show_cpu(result["cpu"], result["seconds"]))
@@ -253,6 +271,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="40 trials instead of 200")
     parser.add_argument("--plain-only", action="store_true", help="the two plain Tune runs, not the service")
+    parser.add_argument("--service-only", action="store_true", help="the service's run alone (to profile it)")
+    parser.add_argument("--py-spy", metavar="OUT", help="py-spy the worker in the timed sweep; raw stacks to OUT")
     parser.add_argument(
         "--mlflow-server", action="store_true", help="the service logs to a local MLflow server over HTTP"
     )
@@ -269,6 +289,11 @@ def main() -> None:
     for k in range(args.rounds):
         if args.rounds > 1:
             print(f"round {k + 1} of {args.rounds}:")
+        if args.service_only:
+            served = run_service(trials, args.mlflow_server, args.cpu, args.py_spy)
+            print(f"  through the service: {served['seconds']:.1f}s ({served['in_worker']:.1f}s claim to end)")
+            _show_cpu(served)
+            continue
         base = run_plain(trials, cpu=args.cpu)
         print(f"  plain Ray Tune (baseline): {base['seconds']:.1f}s for {base['finished']:.0f} trials "
               f"({base['seconds'] / trials * 1e3:.0f} ms per trial)")  # fmt: skip
@@ -279,7 +304,7 @@ def main() -> None:
         _show_cpu(saving)
         if args.plain_only:
             continue
-        served = run_service(trials, args.mlflow_server, args.cpu)
+        served = run_service(trials, args.mlflow_server, args.cpu, args.py_spy)
         via = " (MLflow over HTTP)" if args.mlflow_server else ""
         print(f"  through the service{via}: {served['seconds']:.1f}s for {served['finished']:.0f} trials, POST to "
               f"succeeded ({served['in_worker']:.1f}s from claim to end in the worker)")  # fmt: skip
