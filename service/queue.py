@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Connection, Engine, Integer, Table, bindparam, case, func, insert, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -27,6 +27,12 @@ from service.spec import SweepSpec, spec_to_yaml
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
+TRIALS = cast(Table, Trial.__table__)
+NEW_TRIAL = {"state": TrialState.pending.value, "config": {}, "iteration": 0, "starts": 0, "logged_iteration": 0}
+
+
+def _trial_key(sweep_id: int, trial_id: str) -> tuple[Any, Any]:
+    return TRIALS.c.sweep_id == sweep_id, TRIALS.c.trial_id == trial_id
 
 
 @dataclass(frozen=True)
@@ -299,26 +305,25 @@ class QueueStore:
 
     # --- trials ------------------------------------------------------------------------------
 
-    def _trial(self, s: Session, sweep_id: int, trial_id: str) -> Trial:
-        q = select(Trial).where(Trial.sweep_id == sweep_id, Trial.trial_id == trial_id)
-        if self.is_postgres:
-            q = q.with_for_update()
-        trial = s.scalars(q).first()
-        if trial is None:
-            trial = Trial(sweep_id=sweep_id, trial_id=trial_id, config={}, iteration=0, starts=0, logged_iteration=0)
-            s.add(trial)
-            s.flush()
-        return trial
+    # A trial's writes are single Core UPDATEs (one statement, no ORM load and flush): the worker makes
+    # four per trial inside Tune's loop, 6.2 ms of CPU per trial as ORM read-modify-writes on SQLite.
+    # Only one worker drives a sweep's trials, so the insert of a missing row has no rival.
+
+    def _update_trial(self, s: Connection, sweep_id: int, trial_id: str, **values: Any) -> None:
+        """UPDATE the trial's row, first creating it if the sweep has none by that id yet."""
+        stmt = update(TRIALS).where(*_trial_key(sweep_id, trial_id)).values(**values)
+        if s.execute(stmt).rowcount == 0:
+            s.execute(insert(TRIALS).values(sweep_id=sweep_id, trial_id=trial_id, **NEW_TRIAL, updated_at=utcnow()))
+            s.execute(stmt)
 
     @waits_out_outages
-    def trial_started(self, sweep_id: int, trial_id: str, config: dict[str, Any], node_id: str | None = None) -> Trial:
-        with self.session() as s, s.begin():
-            trial = self._trial(s, sweep_id, trial_id)
-            trial.state, trial.config = TrialState.running.value, config
-            trial.node_id = node_id or trial.node_id
-            trial.starts += 1
-            trial.updated_at = utcnow()
-        return trial
+    def trial_started(self, sweep_id: int, trial_id: str, config: dict[str, Any], node_id: str | None = None) -> None:
+        node = {"node_id": node_id} if node_id else {}
+        with self.engine.begin() as s:
+            self._update_trial(
+                s, sweep_id, trial_id, state=TrialState.running.value, config=config, starts=TRIALS.c.starts + 1,
+                updated_at=utcnow(), **node,
+            )  # fmt: skip
 
     @waits_out_outages
     def trial_result(
@@ -331,30 +336,34 @@ class QueueStore:
         *,
         to_log: bool = False,
     ) -> bool:
-        """Record a result. With `to_log`, also move the logged high-water mark forward in the same
-        transaction and return False if `iteration` was logged already."""
-        with self.session() as s, s.begin():
-            trial = self._trial(s, sweep_id, trial_id)
-            trial.node_id = node_id or trial.node_id
-            if iteration >= trial.iteration:
-                trial.iteration, trial.metrics = iteration, metrics
-            trial.updated_at = utcnow()
-            if not to_log or trial.logged_iteration >= iteration:
+        """Record a result (the trial's latest unless an older iteration comes late). With `to_log`, also
+        move the logged high-water mark forward in the same transaction and return False if `iteration`
+        was logged already."""
+        newer = bindparam("iteration", iteration, type_=Integer) >= TRIALS.c.iteration  # SET sees the old row
+        new_metrics = bindparam("metrics", metrics, type_=TRIALS.c.metrics.type)
+        node = {"node_id": node_id} if node_id else {}
+        with self.engine.begin() as s:
+            self._update_trial(
+                s, sweep_id, trial_id,
+                iteration=case((newer, iteration), else_=TRIALS.c.iteration),
+                metrics=case((newer, new_metrics), else_=TRIALS.c.metrics),
+                updated_at=utcnow(), **node,
+            )  # fmt: skip
+            if not to_log:
                 return False
-            trial.logged_iteration = iteration  # the row is locked (FOR UPDATE / BEGIN IMMEDIATE): no race
-            return True
+            # The row is locked by the UPDATE above (and SQLite's BEGIN IMMEDIATE): no race.
+            unlogged = update(TRIALS).where(*_trial_key(sweep_id, trial_id), TRIALS.c.logged_iteration < iteration)
+            moved = s.execute(unlogged.values(logged_iteration=iteration))
+            return bool(moved.rowcount == 1)
 
     @waits_out_outages
     def trial_ended(self, sweep_id: int, trial_id: str, state: TrialState) -> None:
-        with self.session() as s, s.begin():
-            trial = self._trial(s, sweep_id, trial_id)
-            trial.state, trial.updated_at = state.value, utcnow()
+        with self.engine.begin() as s:
+            self._update_trial(s, sweep_id, trial_id, state=state.value, updated_at=utcnow())
 
     @waits_out_outages
     def set_trial_run(self, sweep_id: int, trial_id: str, run_id: str) -> str:
         """Store the trial's MLflow run id once; returns the id that won (an earlier one if stored)."""
-        with self.session() as s, s.begin():
-            trial = self._trial(s, sweep_id, trial_id)
-            if trial.mlflow_run_id is None:
-                trial.mlflow_run_id = run_id
-            return trial.mlflow_run_id
+        with self.engine.begin() as s:
+            self._update_trial(s, sweep_id, trial_id, mlflow_run_id=func.coalesce(TRIALS.c.mlflow_run_id, run_id))
+            return str(s.scalar(select(TRIALS.c.mlflow_run_id).where(*_trial_key(sweep_id, trial_id))))

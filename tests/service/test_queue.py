@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from service.errors import InvalidTransition, LeaseLost, SweepNotFound
-from service.models import Event, SweepState
+from service.models import Event, SweepState, TrialState
 from service.queue import Claim, QueueStore
 from service.spec import SweepSpec
 
@@ -250,3 +250,35 @@ def test_list_filters_by_state_newest_first(store: QueueStore, make_spec: MakeSp
     assert [s.id for s in store.list_sweeps(state=SweepState.queued)] == [c, a]
     assert [s.id for s in store.list_sweeps(state="cancelled")] == [b]
     assert [s.id for s in store.list_sweeps(limit=1, offset=1)] == [b]
+
+
+def test_a_trials_row_follows_its_starts_results_and_end(store: QueueStore, make_spec: MakeSpec) -> None:
+    sweep_id = store.submit(make_spec("trials")).id
+    row = lambda: next(t for t in store.trials(sweep_id) if t.trial_id == "t0")  # noqa: E731
+    # A result before any start (a restored trial reporting first) makes the row.
+    assert store.trial_result(sweep_id, "t0", 2, {"loss": 0.5}, node_id="n1", to_log=True)
+    assert (row().state, row().iteration, row().metrics, row().logged_iteration, row().node_id) == (
+        "pending",
+        2,
+        {"loss": 0.5},
+        2,
+        "n1",
+    )
+    store.trial_started(sweep_id, "t0", {"seed": 3}, node_id="n2")
+    store.trial_started(sweep_id, "t0", {"seed": 3})  # started again (restored): the node stays known
+    assert (row().state, row().config, row().starts, row().node_id) == ("running", {"seed": 3}, 2, "n2")
+    # Logged once: a replayed iteration is not logged again; a late, older result does not replace the latest.
+    assert not store.trial_result(sweep_id, "t0", 2, {"loss": 0.5}, to_log=True)
+    assert not store.trial_result(sweep_id, "t0", 1, {"loss": 0.9}, to_log=True)
+    assert (row().iteration, row().metrics, row().logged_iteration) == (2, {"loss": 0.5}, 2)
+    assert not store.trial_result(sweep_id, "t0", 3, {"loss": 0.4})  # recorded, not to log
+    assert (row().iteration, row().metrics, row().logged_iteration) == (3, {"loss": 0.4}, 2)
+    assert store.trial_result(sweep_id, "t0", 3, {"loss": 0.4}, to_log=True)
+    # The first MLflow run id stays; a second claimant gets the first back.
+    assert store.set_trial_run(sweep_id, "t1", "run-a") == "run-a"
+    assert store.set_trial_run(sweep_id, "t1", "run-b") == "run-a"
+    store.trial_ended(sweep_id, "t0", TrialState.terminated)
+    assert [(t.trial_id, t.state, t.mlflow_run_id) for t in store.trials(sweep_id)] == [
+        ("t0", "terminated", None),
+        ("t1", "pending", "run-a"),
+    ]
