@@ -24,7 +24,7 @@ assert "ray" not in sys.modules, "the worker module imports Ray before a claim: 
 import workers.worker as worker_module
 from service.settings import Settings
 
-settings = Settings(home=sys.argv[1], heartbeat_seconds=float(sys.argv[2]), lease_seconds=30)
+settings = Settings(home=sys.argv[1], database_url=None, heartbeat_seconds=float(sys.argv[2]), lease_seconds=30)
 w = worker_module.Worker(settings, worker_id="w")
 times = {"beats": []}
 claim, heartbeat = w.store.claim, w.store.heartbeat
@@ -49,7 +49,7 @@ print(json.dumps(times))
 
 
 def test_the_lease_is_renewed_while_the_worker_still_imports_ray(tmp_path: Path) -> None:
-    settings = Settings(home=tmp_path)
+    settings = Settings(home=tmp_path, database_url=None)  # under this test's home, whatever the environment says
     store = QueueStore(settings.queue_url)
     spec = {"name": "lease", "task": "tversky.xor", "metric": {"name": "loss", "mode": "min"}}
     sweep = store.submit(parse_spec(spec))
