@@ -24,16 +24,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import httpx
-import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.fresh_postgres import fresh_database  # noqa: E402 - after the path line above
+
 LAYERLAB = str(Path(sys.executable).with_name("layerlab"))
-PG_SERVER = os.environ.get("LAYERLAB_TEST_PG_SERVER", "postgresql://postgres@127.0.0.1:5432")
 TARGET_P99_MS = 50.0
 
 
@@ -85,80 +84,77 @@ def main() -> None:
     args = parser.parse_args()
     seconds = 5.0 if args.quick else 20.0
 
-    name = f"layerlab_bench_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True, connect_timeout=5) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    home = Path(tempfile.mkdtemp(prefix="layerlab-bench-"))
-    url = f"{PG_SERVER}/{name}"
-    port = free_port()
-    env = {**os.environ, "LAYERLAB_HOME": str(home), "LAYERLAB_DATABASE_URL": url}
-    server = None
-    try:
-        token = subprocess.run(
-            [LAYERLAB, "token", "create", "--user", "bench"], env=env, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        log = open(home / "api.log", "wb")  # noqa: SIM115 - closed with the server
-        server = subprocess.Popen([LAYERLAB, "serve", "--port", str(port)], env=env, stdout=log, stderr=log)
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the API did not start; see {home / 'api.log'}")
-            time.sleep(0.2)
-        auth = {"Authorization": f"Bearer {token}"}
-        spec = (ROOT / "sweeps" / "tversky_xor_demo.yaml").read_bytes()
-        created = httpx.post(f"{base}/sweeps", content=spec, headers={**auth, "content-type": "application/yaml"})
-        assert created.status_code == 201, created.text
-        sweep_id = created.json()["id"]
+    with fresh_database() as url:
+        home = Path(tempfile.mkdtemp(prefix="layerlab-bench-"))
+        port = free_port()
+        env = {**os.environ, "LAYERLAB_HOME": str(home), "LAYERLAB_DATABASE_URL": url}
+        server = None
+        try:
+            token = subprocess.run(
+                [LAYERLAB, "token", "create", "--user", "bench"], env=env, capture_output=True, text=True, check=True
+            ).stdout.strip()
+            log = open(home / "api.log", "wb")  # noqa: SIM115 - closed with the server
+            server = subprocess.Popen([LAYERLAB, "serve", "--port", str(port)], env=env, stdout=log, stderr=log)
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the API did not start; see {home / 'api.log'}")
+                time.sleep(0.2)
+            auth = {"Authorization": f"Bearer {token}"}
+            spec = (ROOT / "sweeps" / "tversky_xor_demo.yaml").read_bytes()
+            created = httpx.post(f"{base}/sweeps", content=spec, headers={**auth, "content-type": "application/yaml"})
+            assert created.status_code == 201, created.text
+            sweep_id = created.json()["id"]
 
-        from service.queue import QueueStore
+            from service.queue import QueueStore
 
-        store = QueueStore(url, run_migrations=False)
-        for i in range(24):
-            store.trial_started(sweep_id, f"trial_{i:05d}", {"seed": i})
-        store.engine.dispose()
-        shown = httpx.get(f"{base}/sweeps/{sweep_id}", headers=auth).json()
-        assert shown["trials"]["running"] == 24, shown["trials"]
+            store = QueueStore(url, run_migrations=False)
+            for i in range(24):
+                store.trial_started(sweep_id, f"trial_{i:05d}", {"seed": i})
+            store.engine.dispose()
+            shown = httpx.get(f"{base}/sweeps/{sweep_id}", headers=auth).json()
+            assert shown["trials"]["running"] == 24, shown["trials"]
 
-        request = f"GET /sweeps/{sweep_id} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\r\n"
-        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-        print(f"GET /sweeps/{sweep_id} on `layerlab serve` (1 uvicorn process), PostgreSQL; {os.cpu_count()} CPUs, "
-              f"load average before {load}; {seconds:.0f}s per phase")  # fmt: skip
-        results = {}
-        for clients in (1, args.clients):
-            latencies, took, errors = asyncio.run(phase(port, request.encode(), clients, seconds))
-            assert errors == 0, f"{errors} non-200 answers"
-            ms = [x * 1e3 for x in latencies]
-            results[clients] = {
-                "p50": statistics.median(ms),
-                "p99": percentile(ms, 0.99),
-                "max": max(ms),
-                "rps": len(ms) / took,
-            }
-            r = results[clients]
-            label = f"{clients} client{'s' if clients > 1 else ''}" + (" (baseline)" if clients == 1 else "")
-            print(f"{label:>20}: p50 {r['p50']:.1f} ms  p99 {r['p99']:.1f} ms  max {r['max']:.1f} ms  "
-                  f"{r['rps']:.0f} requests/s ({len(ms)} requests)")  # fmt: skip
-        many, one = results[args.clients], results[1]
-        print(f"ratio {args.clients} / 1 client: p50 {many['p50'] / one['p50']:.1f}x, "
-              f"p99 {many['p99'] / one['p99']:.1f}x, throughput {many['rps'] / one['rps']:.2f}x")  # fmt: skip
-        print(f"closed loop: {args.clients} clients / {many['rps']:.0f} requests/s = "
-              f"{1e3 * args.clients / many['rps']:.0f} ms mean latency (Little's law)")  # fmt: skip
-        met = "met" if many["p99"] <= TARGET_P99_MS else "MISSED"
-        print(f"target p99 <= {TARGET_P99_MS:.0f} ms with {args.clients} clients: {met} ({many['p99']:.1f} ms); "
-              f"load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=30)
-        shutil.rmtree(home, ignore_errors=True)
-        with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True, connect_timeout=5) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            request = (
+                f"GET /sweeps/{sweep_id} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\r\n"
+            )
+            load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+            print(f"GET /sweeps/{sweep_id} on `layerlab serve` (1 uvicorn process), PostgreSQL; {os.cpu_count()} CPUs, "
+                  f"load average before {load}; {seconds:.0f}s per phase")  # fmt: skip
+            results = {}
+            for clients in (1, args.clients):
+                latencies, took, errors = asyncio.run(phase(port, request.encode(), clients, seconds))
+                assert errors == 0, f"{errors} non-200 answers"
+                ms = [x * 1e3 for x in latencies]
+                results[clients] = {
+                    "p50": statistics.median(ms),
+                    "p99": percentile(ms, 0.99),
+                    "max": max(ms),
+                    "rps": len(ms) / took,
+                }
+                r = results[clients]
+                label = f"{clients} client{'s' if clients > 1 else ''}" + (" (baseline)" if clients == 1 else "")
+                print(f"{label:>20}: p50 {r['p50']:.1f} ms  p99 {r['p99']:.1f} ms  max {r['max']:.1f} ms  "
+                      f"{r['rps']:.0f} requests/s ({len(ms)} requests)")  # fmt: skip
+            many, one = results[args.clients], results[1]
+            print(f"ratio {args.clients} / 1 client: p50 {many['p50'] / one['p50']:.1f}x, "
+                  f"p99 {many['p99'] / one['p99']:.1f}x, throughput {many['rps'] / one['rps']:.2f}x")  # fmt: skip
+            print(f"closed loop: {args.clients} clients / {many['rps']:.0f} requests/s = "
+                  f"{1e3 * args.clients / many['rps']:.0f} ms mean latency (Little's law)")  # fmt: skip
+            met = "met" if many["p99"] <= TARGET_P99_MS else "MISSED"
+            print(f"target p99 <= {TARGET_P99_MS:.0f} ms with {args.clients} clients: {met} ({many['p99']:.1f} ms); "
+                  f"load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
+        finally:
+            if server is not None:
+                server.terminate()
+                server.wait(timeout=30)
+            shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -20,19 +20,17 @@ import multiprocessing as mp
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import psycopg  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 
+from benchmarks.fresh_postgres import fresh_database  # noqa: E402
 from service.models import Event, Sweep  # noqa: E402
 from service.queue import QueueStore  # noqa: E402
 from service.spec import SweepSpec, parse_spec  # noqa: E402
 
-PG_SERVER = os.environ.get("LAYERLAB_TEST_PG_SERVER", "postgresql://postgres@127.0.0.1:5432")
 SPEC = Path(__file__).resolve().parents[1] / "sweeps" / "tversky_xor_demo.yaml"
 TARGET = 200.0
 """Claims per second with 8 claimers (issue 8)."""
@@ -101,11 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     count = 400 if args.quick else 2000
 
-    name = f"layerlab_bench_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True, connect_timeout=5) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        url = f"{PG_SERVER.replace('postgresql://', 'postgresql+psycopg://', 1)}/{name}"
+    with fresh_database() as url:
         store = QueueStore(url)
         spec = parse_spec(SPEC.read_bytes())
         print(f"PostgreSQL {store.engine.dialect.server_version_info}, {os.cpu_count()} CPUs, "
@@ -121,9 +115,6 @@ def main() -> None:
         met = "met" if many["rate"] >= TARGET else "MISSED"
         print(f"target >= {TARGET:.0f} claims/s with {args.claimers} claimers: {met} ({many['rate']:.0f}/s)")
         store.engine.dispose()
-    finally:
-        with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True, connect_timeout=5) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

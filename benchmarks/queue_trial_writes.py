@@ -1,13 +1,13 @@
 """What the queue's trial rows cost the worker per trial, on SQLite (embedded) and PostgreSQL.
 
-    python benchmarks/queue_trial_writes.py               # 300 trials per database
-    python benchmarks/queue_trial_writes.py --pg URL      # another PostgreSQL server (default: 127.0.0.1:5432)
+    python benchmarks/queue_trial_writes.py    # 300 trials per database
 
 ProgressCallback makes four queue writes per trial inside Tune's loop: `trial_started`, `set_trial_run`
 (from the MLflow child run), `trial_result` (with the logged high-water mark) and `trial_ended`. Each is
 timed in CPU seconds of this process (what the worker's driver pays; the database server's own work is
 not counted) over 300 trials, after 20 warm-up trials. The baseline, measured in the same run: the same
 number of empty transactions (BEGIN, SELECT 1, COMMIT) through the same engine, the floor any write pays.
+PostgreSQL: a fresh database on 127.0.0.1:5432 (LAYERLAB_TEST_PG_SERVER overrides the server URL).
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from service.models import TrialState  # noqa: E402 - after the path line above
+from benchmarks.fresh_postgres import fresh_database  # noqa: E402 - after the path line above
+from service.models import TrialState  # noqa: E402
 from service.queue import QueueStore  # noqa: E402
 from service.spec import parse_spec  # noqa: E402
 
@@ -62,26 +61,16 @@ def measure(url: str) -> None:
     print(f"  {store.engine.dialect.name}: {per_trial * 1e3:.2f} ms of CPU per trial ({each} ms)")
     print(f"    baseline, 4 empty transactions: {baseline * 1e3:.2f} ms; ratio {per_trial / baseline:.2f}x")
     assert len(store.trials(sweep_id)) == WARMUP + TRIALS
+    store.engine.dispose()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432", help="PostgreSQL server URL")
-    args = parser.parse_args()
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     print(f"queue writes per trial, {TRIALS} trials after {WARMUP} warm-up")
     with tempfile.TemporaryDirectory() as home:
         measure(f"sqlite:///{home}/queue.db")
-    name = f"layerlab_bench_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(f"{args.pg}/postgres", autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        measure(f"{args.pg.replace('postgresql://', 'postgresql+psycopg://', 1)}/{name}")
-    finally:
-        from service import db
-
-        db.dispose_all()
-        with psycopg.connect(f"{args.pg}/postgres", autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with fresh_database() as url:
+        measure(url)
 
 
 if __name__ == "__main__":
