@@ -6,6 +6,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -254,25 +255,23 @@ def test_list_filters_by_state_newest_first(store: QueueStore, make_spec: MakeSp
 
 def test_a_trials_row_follows_its_starts_results_and_end(store: QueueStore, make_spec: MakeSpec) -> None:
     sweep_id = store.submit(make_spec("trials")).id
-    row = lambda: next(t for t in store.trials(sweep_id) if t.trial_id == "t0")  # noqa: E731
+
+    def t0() -> tuple[Any, ...]:
+        (row,) = (t for t in store.trials(sweep_id) if t.trial_id == "t0")
+        return row.state, row.config, row.starts, row.node_id, row.iteration, row.metrics, row.logged_iteration
+
     # A result before any start (a restored trial reporting first) makes the row.
     assert store.trial_result(sweep_id, "t0", 2, {"loss": 0.5}, node_id="n1", to_log=True)
-    assert (row().state, row().iteration, row().metrics, row().logged_iteration, row().node_id) == (
-        "pending",
-        2,
-        {"loss": 0.5},
-        2,
-        "n1",
-    )
+    assert t0() == ("pending", {}, 0, "n1", 2, {"loss": 0.5}, 2)
     store.trial_started(sweep_id, "t0", {"seed": 3}, node_id="n2")
     store.trial_started(sweep_id, "t0", {"seed": 3})  # started again (restored): the node stays known
-    assert (row().state, row().config, row().starts, row().node_id) == ("running", {"seed": 3}, 2, "n2")
+    assert t0() == ("running", {"seed": 3}, 2, "n2", 2, {"loss": 0.5}, 2)
     # Logged once: a replayed iteration is not logged again; a late, older result does not replace the latest.
     assert not store.trial_result(sweep_id, "t0", 2, {"loss": 0.5}, to_log=True)
     assert not store.trial_result(sweep_id, "t0", 1, {"loss": 0.9}, to_log=True)
-    assert (row().iteration, row().metrics, row().logged_iteration) == (2, {"loss": 0.5}, 2)
+    assert t0() == ("running", {"seed": 3}, 2, "n2", 2, {"loss": 0.5}, 2)
     assert not store.trial_result(sweep_id, "t0", 3, {"loss": 0.4})  # recorded, not to log
-    assert (row().iteration, row().metrics, row().logged_iteration) == (3, {"loss": 0.4}, 2)
+    assert t0() == ("running", {"seed": 3}, 2, "n2", 3, {"loss": 0.4}, 2)
     assert store.trial_result(sweep_id, "t0", 3, {"loss": 0.4}, to_log=True)
     # The first MLflow run id stays; a second claimant gets the first back.
     assert store.set_trial_run(sweep_id, "t1", "run-a") == "run-a"
