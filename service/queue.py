@@ -309,19 +309,19 @@ class QueueStore:
     # four per trial inside Tune's loop, 6.2 ms of CPU per trial as ORM read-modify-writes on SQLite.
     # Only one worker drives a sweep's trials, so the insert of a missing row has no rival.
 
-    def _update_trial(self, s: Connection, sweep_id: int, trial_id: str, **values: Any) -> None:
+    def _update_trial(self, conn: Connection, sweep_id: int, trial_id: str, **values: Any) -> None:
         """UPDATE the trial's row, first creating it if the sweep has none by that id yet."""
         stmt = update(TRIALS).where(*_trial_key(sweep_id, trial_id)).values(**values)
-        if s.execute(stmt).rowcount == 0:
-            s.execute(insert(TRIALS).values(sweep_id=sweep_id, trial_id=trial_id, **NEW_TRIAL, updated_at=utcnow()))
-            s.execute(stmt)
+        if conn.execute(stmt).rowcount == 0:
+            conn.execute(insert(TRIALS).values(sweep_id=sweep_id, trial_id=trial_id, **NEW_TRIAL, updated_at=utcnow()))
+            conn.execute(stmt)
 
     @waits_out_outages
     def trial_started(self, sweep_id: int, trial_id: str, config: dict[str, Any], node_id: str | None = None) -> None:
         node = {"node_id": node_id} if node_id else {}
-        with self.engine.begin() as s:
+        with self.engine.begin() as conn:
             self._update_trial(
-                s, sweep_id, trial_id, state=TrialState.running.value, config=config, starts=TRIALS.c.starts + 1,
+                conn, sweep_id, trial_id, state=TrialState.running.value, config=config, starts=TRIALS.c.starts + 1,
                 updated_at=utcnow(), **node,
             )  # fmt: skip
 
@@ -342,9 +342,9 @@ class QueueStore:
         newer = bindparam("iteration", iteration, type_=Integer) >= TRIALS.c.iteration  # SET sees the old row
         new_metrics = bindparam("metrics", metrics, type_=TRIALS.c.metrics.type)
         node = {"node_id": node_id} if node_id else {}
-        with self.engine.begin() as s:
+        with self.engine.begin() as conn:
             self._update_trial(
-                s, sweep_id, trial_id,
+                conn, sweep_id, trial_id,
                 iteration=case((newer, iteration), else_=TRIALS.c.iteration),
                 metrics=case((newer, new_metrics), else_=TRIALS.c.metrics),
                 updated_at=utcnow(), **node,
@@ -353,17 +353,17 @@ class QueueStore:
                 return False
             # The row is locked by the UPDATE above (and SQLite's BEGIN IMMEDIATE): no race.
             unlogged = update(TRIALS).where(*_trial_key(sweep_id, trial_id), TRIALS.c.logged_iteration < iteration)
-            moved = s.execute(unlogged.values(logged_iteration=iteration))
+            moved = conn.execute(unlogged.values(logged_iteration=iteration))
             return bool(moved.rowcount == 1)
 
     @waits_out_outages
     def trial_ended(self, sweep_id: int, trial_id: str, state: TrialState) -> None:
-        with self.engine.begin() as s:
-            self._update_trial(s, sweep_id, trial_id, state=state.value, updated_at=utcnow())
+        with self.engine.begin() as conn:
+            self._update_trial(conn, sweep_id, trial_id, state=state.value, updated_at=utcnow())
 
     @waits_out_outages
     def set_trial_run(self, sweep_id: int, trial_id: str, run_id: str) -> str:
         """Store the trial's MLflow run id once; returns the id that won (an earlier one if stored)."""
-        with self.engine.begin() as s:
-            self._update_trial(s, sweep_id, trial_id, mlflow_run_id=func.coalesce(TRIALS.c.mlflow_run_id, run_id))
-            return str(s.scalar(select(TRIALS.c.mlflow_run_id).where(*_trial_key(sweep_id, trial_id))))
+        with self.engine.begin() as conn:
+            self._update_trial(conn, sweep_id, trial_id, mlflow_run_id=func.coalesce(TRIALS.c.mlflow_run_id, run_id))
+            return str(conn.scalar(select(TRIALS.c.mlflow_run_id).where(*_trial_key(sweep_id, trial_id))))
