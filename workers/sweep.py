@@ -194,7 +194,7 @@ def keep_experiment_state_restorable() -> None:
             for callback in progress:
                 callback.state_saved()
         if force or now - saving.get("folder_at", -math.inf) >= FOLDER_SYNC_PERIOD_S:
-            _sync_folder(self._storage, wait=force or wait)
+            _sync_folder(self._storage, wait=force or wait, copied=saving.setdefault("copied", {}))
             saving["folder_at"] = now
 
     def save_to_dir(self: Any) -> None:
@@ -266,17 +266,46 @@ def _upload_state_files(storage: Any, files: list[Path], uploaded: dict[str, tup
         uploaded[path.name] = (stat.st_ino, stat.st_mtime_ns)
 
 
-def _sync_folder(storage: Any, wait: bool) -> None:
-    """Tune's background copy of the experiment folder to the storage path, without the state files."""
-    syncer = storage.syncer
+def _sync_folder(storage: Any, wait: bool, copied: dict[str, tuple[int, int]]) -> None:
+    """Copy the experiment folder, less the state files, to the storage path: on a local or shared
+    filesystem the files changed since the last copy (`copied`: relative path -> mtime and size);
+    elsewhere Tune's background copy of the whole folder."""
+    staging, target = storage.experiment_driver_staging_path, storage.experiment_fs_path
     try:
+        if isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+            _copy_changed_files(Path(staging), Path(target), copied)
+            return
+        syncer = storage.syncer
         if wait:
             syncer.wait()
-        syncer.sync_up(storage.experiment_driver_staging_path, storage.experiment_fs_path, exclude=FOLDER_SYNC_EXCLUDE)
+        syncer.sync_up(staging, target, exclude=FOLDER_SYNC_EXCLUDE)
         if wait:
             syncer.wait()
     except Exception:  # as Tune does: a failed copy of result files must not end the sweep
-        log.exception("copying the experiment folder to %s failed", storage.experiment_fs_path)
+        log.exception("copying the experiment folder to %s failed", target)
+
+
+def _copy_changed_files(staging: Path, target: Path, copied: dict[str, tuple[int, int]]) -> None:
+    """Tune's copy with exclusions goes through fsspec, a Python call per file operation, and copies
+    every file each time: at the end of a 200-trial sweep ~1000 files, 7% of the worker's time in
+    benchmarks/service_overhead.py (Tune's own copy, without exclusions, is native). This one copies
+    only what changed since the last call."""
+    for folder, _dirs, names in os.walk(staging):
+        rel_folder = os.path.relpath(folder, staging)
+        for name in names:
+            rel = name if rel_folder == "." else f"{rel_folder}/{name}"
+            if any(fnmatch.fnmatch(rel, pattern) for pattern in FOLDER_SYNC_EXCLUDE):
+                continue
+            try:
+                stat = os.stat(os.path.join(folder, name))
+            except FileNotFoundError:  # replaced or removed while we looked
+                continue
+            if copied.get(rel) == (stat.st_mtime_ns, stat.st_size):
+                continue
+            dest = target / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(os.path.join(folder, name), dest)
+            copied[rel] = (stat.st_mtime_ns, stat.st_size)
 
 
 _NOT_LIVE = (TuneTrial.PENDING, TuneTrial.TERMINATED)

@@ -21,7 +21,7 @@ from service.settings import Settings
 from service.spec import SweepSpec, parse_spec
 from tests.e2e.conftest import free_port
 from workers.mlflow_store import unreachable
-from workers.sweep import STATE_BACKUP, _upload_state_files, repair_experiment_state
+from workers.sweep import STATE_BACKUP, _sync_folder, _upload_state_files, repair_experiment_state
 from workers.tracking import SweepTracker
 
 from .conftest import PrivatePostgres, actions, private_postgres
@@ -157,6 +157,42 @@ def test_uploaded_state_files_survive_a_restore_that_stages_into_their_folder(tm
     os.replace(state.with_name("new"), state)
     _upload_state_files(storage, [state], uploaded)
     assert json.loads((stored / state.name).read_text()) == {"trial_data": ["second"]}
+
+
+def test_the_folder_copy_sends_changed_files_and_leaves_the_state_files_to_their_upload(tmp_path: Path) -> None:
+    # The state files are uploaded atomically (above); a plain copy over them could be cut short by a
+    # kill. The rest of the folder is copied as it changes, each file once per change.
+    from types import SimpleNamespace
+
+    import pyarrow.fs
+
+    staging, stored = tmp_path / "driver_artifacts", tmp_path / "sweep-1"
+    (staging / "trial_a").mkdir(parents=True)
+    (staging / "experiment_state-S1.json").write_text("{}")
+    (staging / "basic-variant-state-S1.json").write_bytes(pickle.dumps({}))
+    (staging / "basic-variant-state-S1.json.partial").write_text("half")
+    (staging / "trial_a" / "result.json").write_text('{"step": 1}\n')
+    (staging / "tuner.pkl").write_bytes(b"tuner")
+    storage = SimpleNamespace(
+        storage_filesystem=pyarrow.fs.LocalFileSystem(),
+        experiment_fs_path=str(stored),
+        experiment_driver_staging_path=str(staging),
+    )
+    copied: dict[str, tuple[int, int]] = {}
+    _sync_folder(storage, wait=False, copied=copied)
+    found = sorted(str(p.relative_to(stored)) for p in stored.rglob("*") if p.is_file())
+    assert found == ["trial_a/result.json", "tuner.pkl"]
+
+    (stored / "tuner.pkl").write_bytes(b"marker")  # unchanged in staging: not copied again
+    with open(staging / "trial_a" / "result.json", "a") as f:
+        f.write('{"step": 2}\n')
+    (staging / "trial_b").mkdir()
+    (staging / "trial_b" / "progress.csv").write_text("step\n1\n")
+    _sync_folder(storage, wait=True, copied=copied)
+    assert (stored / "tuner.pkl").read_bytes() == b"marker"
+    assert (stored / "trial_a" / "result.json").read_text() == '{"step": 1}\n{"step": 2}\n'
+    assert (stored / "trial_b" / "progress.csv").read_text() == "step\n1\n"
+    assert not (stored / "experiment_state-S1.json").exists()
 
 
 def test_remote_storage_is_left_alone(tmp_path: Path) -> None:
