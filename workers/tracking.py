@@ -33,6 +33,7 @@ from mlflow.tracking import MlflowClient
 from service.queue import Claim, QueueStore
 from service.settings import Settings
 from service.spec import SweepSpec
+from workers.lean_run_store import lean_sqlite_runs
 from workers.mlflow_store import fail_fast, fast_sqlite_commits, first_use_lock, short, unreachable
 from workers.write_queue import WriteQueue
 
@@ -74,6 +75,7 @@ class SweepTracker:
             os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
             self._writes = WriteQueue(f"mlflow-writer-{claim.sweep_id}")
         fast_sqlite_commits(settings.tracking_uri)
+        lean_sqlite_runs(settings.tracking_uri)
         with first_use_lock(settings.tracking_uri):  # MlflowClient opens its store (creating it) at once
             self.client = MlflowClient(tracking_uri=settings.tracking_uri)
             self.experiment_id = self._waiting("find the experiment", self._experiment)
