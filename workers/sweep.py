@@ -26,6 +26,8 @@ from typing import Any
 import pyarrow.fs
 from ray import tune
 from ray.tune.experiment import Trial as TuneTrial
+from ray.tune.search import BasicVariantGenerator
+from ray.tune.search.sample import Domain as TuneDomain
 
 from service.models import TrialState
 from service.queue import Claim, QueueStore
@@ -132,8 +134,10 @@ def keep_experiment_state_restorable() -> None:
     """Make Tune's experiment state survive a kill -9 of the worker, at a cost that stays small.
 
     A step saves the state when a restore from the previous save could be wrong, not merely behind:
-    - a trial has started (or paused, or failed) since: a restore would make it again under a new id,
-      next to the queue row and MLflow run this one already has;
+    - a trial has paused or failed since, or started, unless the searcher makes it again from its
+      saved state under the same id and config (`_regenerates_trials`: a grid, a seeded random search):
+      else a restore would make it again under a new id, next to the queue row and MLflow run this one
+      already has;
     - a trial whose saved state names a checkpoint has made another since: Tune keeps `num_to_keep`
       checkpoints and deletes older ones, so the saved one must never be more than one behind;
     - Tune asks for it (the end of fit, or a trial checkpointing `num_to_keep` times between saves);
@@ -142,8 +146,9 @@ def keep_experiment_state_restorable() -> None:
     ended since the last save runs again from its saved checkpoint under its own id, and its results
     since are replayed; none is logged twice (ProgressCallback), and the queue and MLflow learn of an
     end only once a save holds it (ProgressCallback.state_saved), so a trial they call finished is never
-    run again. So a trial's end and its first checkpoint ride on the next save (usually the next trial's
-    start) instead of making their own: about one save per trial instead of three.
+    run again. So a trial's end and its first checkpoint ride on the next save instead of making their
+    own: for a grid, a save per STATE_SAVE_PERIOD_S (and per checkpoint of a trial the state names a
+    checkpoint of), not three per trial; the queue and MLflow hear of ends up to that period late.
 
     What a save costs (RELIABILITY.md): Tune (2.60) writes its state to a staging folder, then copies
     the whole folder to the storage path, every trial's result files included: at a save per trial,
@@ -169,12 +174,17 @@ def keep_experiment_state_restorable() -> None:
     def checkpoint(self: Any, force: bool = False, wait: bool = False) -> None:
         manager, saving = self._checkpoint_manager, _saving(self)
         live = {(t.trial_id, t.status) for t in self._trials if t.status not in _NOT_LIVE}
+        changed = live - saving.get("live", set())
+        if _regenerates_trials(self._search_alg):
+            # A restore from the last save makes the trials started since again, under the same ids and
+            # configs, so the queue rows and MLflow runs they already have are theirs again.
+            changed = {(i, status) for i, status in changed if status != TuneTrial.RUNNING}
         checkpointed_again = [t for t, n in manager._trial_num_checkpoints_since_last_sync.items() if n]
         now = time.monotonic()
         must = (
             force
             or manager._should_force_sync_up
-            or not live <= saving.get("live", set())
+            or bool(changed)
             or any(t.trial_id in saving.get("checkpointed", ()) for t in checkpointed_again)
         )
         if must or now - saving.get("at", 0.0) >= STATE_SAVE_PERIOD_S:
@@ -236,6 +246,30 @@ def keep_experiment_state_restorable() -> None:
     TuneController.save_to_dir = save_to_dir  # type: ignore[method-assign]
     TuneController.checkpoint = checkpoint  # type: ignore[method-assign]
     TuneTrial.on_checkpoint = on_checkpoint_without_files  # type: ignore[method-assign]
+
+
+def _regenerates_trials(search_alg: Any) -> bool:
+    """Whether a restore from an older save of this searcher (its file and the experiment state are
+    saved together) makes the trials it made since again, with the same ids and configs. Tune's
+    BasicVariantGenerator (grid and random search) names a trial by its saved prefix and counter; its
+    configs repeat when nothing is sampled, or when it samples from its own seeded generator, which is
+    saved with it. Optuna and unseeded random sampling give other configs: every start is saved."""
+    if not isinstance(search_alg, BasicVariantGenerator):
+        return False
+    iterators = search_alg._iterators
+    if any(it.lazy_eval for it in iterators):  # Tune does not save such a searcher at all
+        return False
+    return search_alg._random_state._rng is not None or not any(_samples(it.unresolved_spec) for it in iterators)
+
+
+def _samples(spec: Any) -> bool:
+    if isinstance(spec, TuneDomain):
+        return True
+    if isinstance(spec, dict):
+        return any(_samples(v) for v in spec.values())
+    if isinstance(spec, list | tuple):
+        return any(_samples(v) for v in spec)
+    return False
 
 
 def _upload_state_files(storage: Any, files: list[Path], uploaded: dict[str, tuple[int, int]]) -> None:

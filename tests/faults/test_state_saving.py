@@ -2,9 +2,11 @@
 Tune run at every step of the controller: what is at the storage path is always a state a restore can
 use, while saves stay about one per trial start, not three per trial.
 
-What "usable" means: every trial that started one step ago or earlier is in the stored state (else a
-restore makes it again next to its queue row and MLflow run), and every checkpoint the stored state
-names still exists (Tune keeps num_to_keep=2 and deletes older ones).
+What "usable" means: every trial that started one step ago or earlier is in the stored state, or, for a
+searcher that makes the same trials again from its stored state (a grid, a seeded random search), that
+stored searcher makes it again under the same id and config (else a restore makes it again next to its
+queue row and MLflow run, as another trial); and every checkpoint the stored state names still exists
+(Tune keeps num_to_keep=2 and deletes older ones).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from typing import Any
 
 import pytest
 import ray
+import ray.cloudpickle
 from ray import tune
 from ray.tune.experiment import Trial
+from ray.tune.search import BasicVariantGenerator
 from ray.tune.utils.serialization import TuneFunctionDecoder
 
 import workers.sweep
@@ -74,21 +78,39 @@ class Inspector(tune.Callback):
     def __init__(self, experiment: Path) -> None:
         self.experiment = experiment
         self.started_before: set[str] = set()
+        self.configs: dict[str, dict[str, Any]] = {}
+        self.regenerated = 0
         self.started_now: set[str] = set()
         self.problems: list[str] = []
         self.steps = 0
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self.started_now.add(trial.trial_id)
+        self.configs[trial.trial_id] = dict(trial.config)
 
     def on_step_begin(self, iteration: int, trials: list[Any], **info: Any) -> None:
         self.steps += 1
         stored = self.check_checkpoints(iteration)
         missing = self.started_before - stored.keys()
-        if missing:
-            self.problems.append(f"step {iteration}: started trials not in the stored state: {sorted(missing)}")
+        again = self.made_again(len(missing)) if missing else {}
+        self.regenerated += len(missing)
+        wrong = sorted(t for t in missing if again.get(t) != self.configs[t])
+        if wrong:
+            self.problems.append(f"step {iteration}: started trials a restore would not make again: {wrong}")
         self.started_before |= self.started_now
         self.started_now = set()
+
+    def made_again(self, n: int) -> dict[str, dict[str, Any]]:
+        """Trial id -> config of the next n trials that the stored searcher makes (as after a restore,
+        once trials that were live at its save have ended)."""
+        files = sorted(self.experiment.glob("basic-variant-state-*.json"))
+        if not files:
+            return {}
+        searcher = BasicVariantGenerator()
+        searcher.set_state(ray.cloudpickle.loads(files[-1].read_bytes()))
+        searcher._live_trials = set()
+        made = [searcher.next_trial() for _ in range(n + 4)]  # trials made but not started come too
+        return {t.trial_id: dict(t.config) for t in made if t is not None}
 
     def check_checkpoints(self, iteration: int) -> dict[str, str | None]:
         stored = stored_trials(self.experiment)
@@ -99,8 +121,9 @@ class Inspector(tune.Callback):
         return stored
 
 
-def test_the_stored_state_is_restorable_at_every_step_with_one_save_per_trial_start(
-    local_ray: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("sampled", [False, True], ids=["grid", "unseeded-random"])
+def test_the_stored_state_is_restorable_at_every_step_with_few_saves(
+    local_ray: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sampled: bool
 ) -> None:
     saves: list[int] = []
     upload = workers.sweep._upload_state_files
@@ -121,7 +144,12 @@ def test_the_stored_state_is_restorable_at_every_step_with_one_save_per_trial_st
     monkeypatch.setattr(Trial, "on_checkpoint", registered)
     tuner = tune.Tuner(
         train,
-        param_space={"x": tune.grid_search(list(range(1, TRIALS + 1))), "steps": STEPS},
+        param_space={
+            "x": tune.grid_search(list(range(1, TRIALS + 1))),
+            "steps": STEPS,
+            # Sampled without a seed: a restore would make other configs, so every trial start is saved.
+            **({"noise": tune.uniform(0, 1)} if sampled else {}),
+        },
         tune_config=tune.TuneConfig(metric="score", mode="max", max_concurrent_trials=2, reuse_actors=True),
         run_config=tune.RunConfig(
             name="exp",
@@ -137,10 +165,13 @@ def test_the_stored_state_is_restorable_at_every_step_with_one_save_per_trial_st
     assert sorted(r.metrics["score"] for r in results) == [STEPS * x for x in range(1, TRIALS + 1)]
     assert inspector.problems == []
     assert len(inspector.started_before) == TRIALS and inspector.steps > 3 * TRIALS
-    # A save per trial start, per checkpoint from a trial's second on (odd x: Tune forces the second, and
-    # then the stored state names one), the end of fit, and the period's (one per 5 s without another):
-    # 19 and a few. Saving at every start, checkpoint and end, as before, made 32.
+    # A save per checkpoint from a trial's second on (odd x: Tune forces the second, and then the stored
+    # state names one), per trial start where a restore would not make the trial again (even x: the odd
+    # trials' starts ride on those saves), the end of fit, and the period's (one per 5 s without another):
+    # 16 and a few for the grid, 19 and a few when sampled. Saving at every start, checkpoint and end made 32.
     odd = TRIALS // 2
-    assert len(saves) <= odd * STEPS + (TRIALS - odd) + 1 + 3, len(saves)
+    starts = TRIALS - odd if sampled else 0
+    assert len(saves) <= odd * STEPS + starts + 1 + 3, len(saves)
+    assert (inspector.regenerated > 0) != sampled  # the grid's starts were left to the searcher's state
     final = stored_trials(tmp_path / "exp")
     assert len(final) == TRIALS and all(path is not None and Path(path).is_dir() for path in final.values())
