@@ -27,7 +27,7 @@ import pyarrow.fs
 from ray import tune
 from ray.tune.experiment import Trial as TuneTrial
 from ray.tune.search import BasicVariantGenerator
-from ray.tune.search.sample import Domain as TuneDomain
+from ray.tune.search.variant_generator import parse_spec_vars
 
 from service.models import TrialState
 from service.queue import Claim, QueueStore
@@ -175,7 +175,9 @@ def keep_experiment_state_restorable() -> None:
         manager, saving = self._checkpoint_manager, _saving(self)
         live = {(t.trial_id, t.status) for t in self._trials if t.status not in _NOT_LIVE}
         changed = live - saving.get("live", set())
-        if _regenerates_trials(self._search_alg):
+        if "regenerates" not in saving:  # the searcher is set up (or restored) before the first step
+            saving["regenerates"] = _regenerates_trials(self._search_alg)
+        if saving["regenerates"]:
             # A restore from the last save makes the trials started since again, under the same ids and
             # configs, so the queue rows and MLflow runs they already have are theirs again.
             changed = {(i, status) for i, status in changed if status != TuneTrial.RUNNING}
@@ -259,17 +261,9 @@ def _regenerates_trials(search_alg: Any) -> bool:
     iterators = search_alg._iterators
     if any(it.lazy_eval for it in iterators):  # Tune does not save such a searcher at all
         return False
-    return search_alg._random_state._rng is not None or not any(_samples(it.unresolved_spec) for it in iterators)
-
-
-def _samples(spec: Any) -> bool:
-    if isinstance(spec, TuneDomain):
-        return True
-    if isinstance(spec, dict):
-        return any(_samples(v) for v in spec.values())
-    if isinstance(spec, list | tuple):
-        return any(_samples(v) for v in spec)
-    return False
+    # Tune's own split of a spec into resolved values, sampled domains and grids.
+    sampled = any(parse_spec_vars(it.unresolved_spec)[1] for it in iterators)
+    return search_alg._random_state._rng is not None or not sampled
 
 
 def _upload_state_files(storage: Any, files: list[Path], uploaded: dict[str, tuple[int, int]]) -> None:
@@ -330,15 +324,16 @@ def _copy_changed_files(staging: Path, target: Path, copied: dict[str, tuple[int
             rel = name if rel_folder == "." else f"{rel_folder}/{name}"
             if any(fnmatch.fnmatch(rel, pattern) for pattern in FOLDER_SYNC_EXCLUDE):
                 continue
+            source = os.path.join(folder, name)
             try:
-                stat = os.stat(os.path.join(folder, name))
+                stat = os.stat(source)
             except FileNotFoundError:  # replaced or removed while we looked
                 continue
             if copied.get(rel) == (stat.st_mtime_ns, stat.st_size):
                 continue
             dest = target / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(os.path.join(folder, name), dest)
+            shutil.copyfile(source, dest)
             copied[rel] = (stat.st_mtime_ns, stat.st_size)
 
 
