@@ -361,8 +361,10 @@ def test_names_and_files_stay_under_the_artifact_root(tmp_path: Path) -> None:
         location = Path(tracker.client.get_experiment(tracker.experiment_id).artifact_location.removeprefix("file://"))
         assert location == root / name, location
         run = tracker.child_run("t1", {"data_dir": "$(touch pwned) ../../x", "seed": 1})
-        tracker.log_trial_files("t1", {"../../escape.txt": b"x", "/abs/olute.txt": b"y", "ok.txt": b"z"})
+        files = {"../../escape.txt": b"x", "/abs/olute.txt": b"y", "ok.txt": b"z", "..": b"u", ".": b"v", "": b"w"}
+        tracker.log_trial_files("t1", files)
         assert sorted(a.path for a in tracker.client.list_artifacts(run)) == ["escape.txt", "ok.txt", "olute.txt"]
+        assert (location / run / "artifacts" / "ok.txt").read_bytes() == b"z"
         assert tracker.client.get_run(run).data.params["data_dir"] == "$(touch pwned) ../../x"  # a value, not a path
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert all(p.resolve().is_relative_to(tmp_path.resolve()) for p in written)
