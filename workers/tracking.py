@@ -393,38 +393,24 @@ class SweepTracker:
         return self._repos[run_id]
 
     def _plots(self, trials: list[Any], folder: Path) -> list[Path]:
-        import matplotlib
+        from workers.summary_plots import curves_figure, finals_figure, save
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        metric, out = self.spec.metric.name, []
+        metric = self.spec.metric.name
         stem = metric.replace("/", "_")  # slash-grouped metric names (test/accuracy) are not file names
-        fig, ax = plt.subplots(figsize=(8, 5))
+        curves = []
         for t in trials:
             if not t.mlflow_run_id:
                 continue
             curve = self._curves.get(t.trial_id)
             if curve is None or t.mlflow_run_id != self._children.get(t.trial_id):  # an earlier attempt's run
                 curve = {m.step: m.value for m in self.client.get_metric_history(t.mlflow_run_id, metric)}
-            if curve:
-                steps = sorted(curve)
-                ax.plot(steps, [curve[s] for s in steps], alpha=0.6, lw=1)
-        ax.set(xlabel="iteration", ylabel=metric, title=f"{self.spec.name}: {metric} per trial")
-        fig.tight_layout()
-        out.append(folder / f"{stem}_curves.png")
-        fig.savefig(out[-1], dpi=100)
-        plt.close(fig)
-
-        finals = [(t.trial_id, float(t.metrics[metric])) for t in trials if (t.metrics or {}).get(metric) is not None]
+            curves.append(curve)
+        title = f"{self.spec.name}: {metric} per trial"
+        out = [save(curves_figure(curves, metric, title), folder / f"{stem}_curves.png")]
+        finals = [float(t.metrics[metric]) for t in trials if (t.metrics or {}).get(metric) is not None]
         if finals:
-            fig, ax = plt.subplots(figsize=(min(24, max(6, len(finals) * 0.3)), 4))  # 200 trials: not 60 inches
-            ax.bar(range(len(finals)), [v for _, v in finals])
-            ax.set(xlabel="trial", ylabel=f"final {metric}", title=f"{self.spec.name}: final {metric}")
-            fig.tight_layout()
-            out.append(folder / f"{stem}_final.png")
-            fig.savefig(out[-1], dpi=100)
-            plt.close(fig)
+            title = f"{self.spec.name}: final {metric}"
+            out.append(save(finals_figure(finals, metric, title), folder / f"{stem}_final.png"))
         return out
 
     def end_parent(self, status: str, best: dict[str, Any] | None = None) -> None:
