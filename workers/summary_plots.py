@@ -1,6 +1,7 @@
 """The pictures on a sweep's parent run: every trial's curve of the sweep metric, and each trial's final
-value. Drawn as one collection per picture, not an artist per trial: 200 trials took 215 ms of the
-worker's time at the end of every sweep that way, ~115 ms now (benchmarks/service_overhead.py)."""
+value. Drawn as one collection per picture, not an artist per trial: for 200 trials the two pictures
+took 215 ms of the worker's time at the end of every sweep that way, ~115 ms now (RELIABILITY.md, eighth
+pass)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ def finals_figure(finals: list[float], metric: str, title: str) -> Figure:
     """A bar per trial, in trial order."""
     n = len(finals)
     fig, ax = plt.subplots(figsize=(min(24, max(6, n * 0.3)), 4))  # 200 trials: not 60 inches wide
-    # Bars as one collection of thick vertical lines: width ~80% of a trial's slot, in points.
-    slot_points = fig.get_figwidth() * 72 * 0.8 / max(n, 1)
+    # Bars as one collection of thick vertical lines, each ~80% of its trial's slot. A line's width is in
+    # points (72 per inch); the axes take ~80% of the figure's width.
+    slot_points = fig.get_figwidth() * 0.8 * 72 / max(n, 1)
     ax.vlines(np.arange(n), 0, finals, linewidths=max(1.0, 0.8 * slot_points))
     ax.set_xlim(-0.6, n - 0.4)
     ax.set(xlabel="trial", ylabel=f"final {metric}", title=title)
