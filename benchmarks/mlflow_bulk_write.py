@@ -31,11 +31,7 @@ from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric, Sq
 from mlflow.tracking import MlflowClient  # noqa: E402
 from sqlalchemy import bindparam, insert, update  # noqa: E402
 
-from benchmarks.mlflow_per_trial import SPEC  # noqa: E402
-from service.queue import QueueStore  # noqa: E402
-from service.settings import Settings  # noqa: E402
-from service.spec import parse_spec  # noqa: E402
-from workers.tracking import SweepTracker  # noqa: E402
+from benchmarks.mlflow_per_trial import sweep_tracker  # noqa: E402
 
 METRICS = {"accuracy": 1.0, "loss": 0.1, "alpha": 0.5, "beta": 0.5}
 
@@ -45,12 +41,7 @@ def config(i: int) -> dict[str, Any]:
 
 
 def tracker_calls(home: Path, trials: int) -> tuple[float, MlflowClient, str]:
-    settings = Settings(home=home, mlflow_tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
-    store = QueueStore(settings.queue_url)
-    store.submit(parse_spec(SPEC))
-    claim = store.claim("bench", lease_seconds=3600)
-    assert claim is not None
-    tracker = SweepTracker(settings, store, claim, parse_spec(SPEC))
+    tracker, _, _ = sweep_tracker(home, f"sqlite:///{home / 'mlflow.db'}")
     cpu = time.process_time()
     for i in range(trials):
         tracker.start_trial(f"t{i:05d}", config(i))

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.cli import _mlflow_server_cmd  # noqa: E402
-from service.queue import QueueStore  # noqa: E402
+from service.queue import Claim, QueueStore  # noqa: E402
 from service.settings import Settings  # noqa: E402
 from service.spec import parse_spec  # noqa: E402
 from workers.tracking import SweepTracker  # noqa: E402
@@ -46,15 +46,20 @@ BUDGET_MS = 0.15 * 75
 """What 1.15x leaves per trial when a plain trial takes ~75 ms (RELIABILITY.md)."""
 
 
-def per_trial(home: Path, tracking_uri: str, trials: int) -> tuple[float, float, float]:
-    """Per trial, after 10 warm-up trials: ms the caller (Tune's loop) spent in the calls, ms until every
-    write was in MLflow (`settle`), ms of this process's CPU."""
+def sweep_tracker(home: Path, tracking_uri: str) -> tuple[SweepTracker, QueueStore, Claim]:
+    """The worker's tracker for a claimed one-trial sweep of SPEC, its queue under `home`."""
     settings = Settings(home=home, mlflow_tracking_uri=tracking_uri)
     store = QueueStore(settings.queue_url)
     store.submit(parse_spec(SPEC))
     claim = store.claim("bench", lease_seconds=3600)
     assert claim is not None
-    tracker = SweepTracker(settings, store, claim, parse_spec(SPEC))
+    return SweepTracker(settings, store, claim, parse_spec(SPEC)), store, claim
+
+
+def per_trial(home: Path, tracking_uri: str, trials: int) -> tuple[float, float, float]:
+    """Per trial, after 10 warm-up trials: ms the caller (Tune's loop) spent in the calls, ms until every
+    write was in MLflow (`settle`), ms of this process's CPU."""
+    tracker, store, claim = sweep_tracker(home, tracking_uri)
 
     def trial(i: int) -> None:
         trial_id = f"t{i:05d}"
