@@ -48,6 +48,10 @@ def _trial(store: SqlAlchemyStore, exp: str, params: list[Param], steps: list[li
     store.log_batch(run_id, metrics=[], params=params, tags=[])
     for batch in steps:
         store.log_batch(run_id, metrics=batch, params=[], tags=[])
+    # A worker that restarts logs a checkpoint's steps again: the same rows, then those and new ones.
+    store.log_batch(run_id, metrics=[], params=params, tags=[])
+    store.log_batch(run_id, metrics=steps[0], params=[], tags=[])
+    store.log_batch(run_id, metrics=[*steps[0], Metric("late", 1.0, 1_000, 0)], params=[], tags=[])
     store.log_batch(run_id, metrics=[], params=[], tags=[RunTag("extra", "yes")])
     info = store.update_run_info(run_id, RunStatus.FINISHED, 2_000, None)
     assert (info.run_id, info.status, info.end_time) == (run_id, "FINISHED", 2_000)
@@ -58,8 +62,11 @@ def _seen(stock: SqlAlchemyStore, run_id: str) -> dict[str, Any]:
     """Everything MLflow shows of a run, with its id taken out."""
     run = stock.get_run(run_id)
     info = run.info
-    histories = {k: sorted((m.step, m.timestamp, _num(m.value)) for m in stock.get_metric_history(run_id, k))
-                 for k in run.data.metrics}  # fmt: skip
+    # Sorted by repr: a NaN ("nan") and a number can share a step and a timestamp.
+    histories = {
+        k: sorted(((m.step, m.timestamp, _num(m.value)) for m in stock.get_metric_history(run_id, k)), key=repr)
+        for k in run.data.metrics
+    }
     return {
         "info": (info.run_name, info.status, info.start_time, info.end_time, info.lifecycle_stage, info.user_id),
         "artifact_uri": info.artifact_uri.replace(run_id, "<run>").split("-art/")[-1],
@@ -81,24 +88,29 @@ def _read_back(store: SqlAlchemyStore) -> SqlAlchemyStore:
 
 keys = st.from_regex(r"[a-j][a-j_]{0,5}(/[a-j_]{1,6})?", fullmatch=True)  # names MLflow accepts
 values = st.floats(allow_nan=True, allow_infinity=True, width=64)
+# Steps and timestamps from a small range: batches that tie, go back in steps, or repeat a row.
+# A few metric names, so that batches share them.
+reports = st.tuples(
+    st.integers(0, 2), st.integers(0, 2), st.dictionaries(st.sampled_from(["acc", "loss", "a/b"]), values, min_size=1)
+)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     params=st.dictionaries(keys, st.text(max_size=40), max_size=6),
-    steps=st.lists(st.dictionaries(keys, values, min_size=1, max_size=4), min_size=1, max_size=4),
+    steps=st.lists(reports, min_size=1, max_size=4),
     tags=st.dictionaries(keys.map(lambda k: "t." + k), st.text(max_size=30), max_size=3),
 )
 def test_a_trial_written_by_the_lean_store_reads_back_as_the_stock_stores(
     stores: tuple[SqlAlchemyStore, SqlAlchemyStore],
     params: dict[str, str],
-    steps: list[dict[str, float]],
+    steps: list[tuple[int, int, dict[str, float]]],
     tags: dict[str, str],
 ) -> None:
     seen = []
     for store in stores:
         exp = _experiment(store, "lean-vs-stock")
-        batches = [[Metric(k, v, 1_500 + i, i) for k, v in step.items()] for i, step in enumerate(steps)]
+        batches = [[Metric(k, v, 1_500 + t, step) for k, v in values.items()] for step, t, values in steps]
         run_id = _trial(store, exp, [Param(k, v) for k, v in params.items()], batches,
                         [RunTag(k, v) for k, v in tags.items()])  # fmt: skip
         seen.append(_seen(_read_back(store), run_id))
