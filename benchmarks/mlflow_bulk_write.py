@@ -3,15 +3,16 @@
     python benchmarks/mlflow_bulk_write.py            # 200 trials, 3 repeats
     python benchmarks/mlflow_bulk_write.py --quick    # 40 trials, 1 repeat
 
-A measurement for a design not built (RELIABILITY.md, "What the target takes from here"); nothing in the
-service writes this way. Both sides write the same runs into MLflow's own SQLite schema (a store made by
-MLflow), per trial: a child run with five tags, four params, a batch of four metrics, and its end.
-Baseline: `workers.tracking.SweepTracker` as the worker calls it (start_trial, log_trial_metrics,
-end_trial on the embedded store: MLflow's ORM, four sessions per trial, plus the queue's run id).
-Bulk: the same rows as SQLAlchemy Core `executemany` statements in one transaction per batch of
-trials (runs, tags, params, metrics, latest_metrics, the ends as one UPDATE), as a writer would at each
-save of Tune's state. Each side's rows are read back through MlflowClient and compared. CPU time of
-this process, per trial.
+A measurement for a design not built: the worker writes each trial's rows as they come, not in batches
+(RELIABILITY.md, "What the target takes from here"). Both sides write the same runs into MLflow's own
+SQLite schema (a store made by MLflow), per trial: a child run with five tags, four params, a batch of
+four metrics, and its end. Baseline: `workers.tracking.SweepTracker` as the worker calls it
+(start_trial, log_trial_metrics, end_trial on the embedded store: MlflowClient's layers over
+`LeanRunStore`'s Core statements, a transaction per call, plus the queue's run id). Bulk: the same rows
+as SQLAlchemy Core `executemany` statements in one transaction per batch of trials (runs, tags,
+params, metrics, latest_metrics, the ends as one UPDATE), as a writer would at each save of Tune's
+state. Each side's rows are read back through MlflowClient and compared. CPU time of this process,
+per trial.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def main() -> None:
     trials, repeats = (40, 1) if quick else (200, 3)
     print(f"MLflow rows of {trials} trials (a run, 5 tags, 4 params, 4 metrics, its end); CPU ms per trial, "
           f"median of {repeats}")  # fmt: skip
-    sides: list[tuple[str, Any]] = [("SweepTracker calls (today, baseline)", lambda h: tracker_calls(h, trials))]
+    sides: list[tuple[str, Any]] = [("SweepTracker calls (the worker's, baseline)", lambda h: tracker_calls(h, trials))]
     sides += [
         (f"bulk Core writes, {b} trials per transaction", lambda h, b=b: bulk_writes(h, trials, b)) for b in (1, 10, 50)
     ]
