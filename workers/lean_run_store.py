@@ -16,7 +16,7 @@ from typing import Any
 from mlflow.entities import LifecycleStage, Run, RunData, RunInfo, RunInputs, RunStatus, RunTag, SourceType
 from mlflow.environment_variables import MLFLOW_ENABLE_WORKSPACES
 from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import BAD_REQUEST, TEMPORARILY_UNAVAILABLE
+from mlflow.protos.databricks_pb2 import BAD_REQUEST, INTERNAL_ERROR, TEMPORARILY_UNAVAILABLE
 from mlflow.store.db.utils import _get_managed_session_maker
 from mlflow.store.tracking.dbmodels.models import SqlExperiment, SqlLatestMetric, SqlMetric, SqlParam, SqlRun, SqlTag
 from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
@@ -96,6 +96,8 @@ class LeanRunStore(SqlAlchemyStore):
             raise MlflowException(str(exc), TEMPORARILY_UNAVAILABLE) from exc
         except SQLAlchemyError as exc:
             raise MlflowException(str(exc), BAD_REQUEST) from exc
+        except Exception as exc:
+            raise MlflowException(str(exc), INTERNAL_ERROR) from exc
 
     def create_run(self, experiment_id: str, user_id: str, start_time: int, tags: list[Any], run_name: str) -> Run:
         tags = list(tags or [])
@@ -103,11 +105,12 @@ class LeanRunStore(SqlAlchemyStore):
         try:
             if run_name and run_name_tag and run_name != run_name_tag:
                 raise _Unusual  # MLflow's error
+            experiment = int(experiment_id)  # ValueError: an id that is no number, MLflow's error
             with self._transaction() as conn:
                 experiments = SqlExperiment.__table__
                 found = conn.execute(
                     select(experiments.c.lifecycle_stage, experiments.c.artifact_location).where(
-                        experiments.c.experiment_id == int(experiment_id)
+                        experiments.c.experiment_id == experiment
                     )
                 ).first()
                 if found is None or found.lifecycle_stage != LifecycleStage.ACTIVE:
@@ -132,7 +135,7 @@ class LeanRunStore(SqlAlchemyStore):
                     {
                         "run_uuid": run_id,
                         "name": run_name,
-                        "experiment_id": int(experiment_id),
+                        "experiment_id": experiment,
                         "user_id": user_id,
                         "status": info.status,
                         "start_time": start_time,
@@ -150,7 +153,7 @@ class LeanRunStore(SqlAlchemyStore):
                     conn.execute(
                         insert(SqlTag.__table__), [{"run_uuid": run_id, "key": t.key, "value": t.value} for t in tags]
                     )
-        except (_Unusual, ValueError):  # ValueError: an experiment id that is no number
+        except (_Unusual, ValueError):
             return super().create_run(experiment_id, user_id, start_time, tags, run_name)
         return Run(info, RunData(tags=tags), RunInputs(dataset_inputs=[]))
 
