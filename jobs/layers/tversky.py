@@ -6,7 +6,9 @@ Two semantics (`semantics=`), which are different models for min, max, gmean, so
   sums IA, IB, and substractmatch is ignorematch + relu(IA - IB) (shared/reference/tversky.md §1.3-1.4).
 - "per_feature": the paper's equations, f(A∩B) = Σ_k Ψ(a·f_k, b·f_k)·1[a·f_k > 0 ∧ b·f_k > 0] and
   substractmatch = Σ_k relu(a_k - b_k) (the ignorematch term included, as the reference includes it). GEMMs where
-  tversky.md §2.1 has an identity, chunked O(NPF) kernels otherwise (`tversky_kernels.py`, `chunk_size`).
+  tversky.md §2.1 has an identity, chunked O(NPF) kernels otherwise (`tversky_kernels.py`, `chunk_size`). On CUDA
+  tensors, when Triton imports, fused Triton kernels compute all three terms instead (`tversky_triton.py`): same
+  values and gradients, O(N·P + (N+P)·F) memory.
 product, mean and ignorematch are the same in both.
 
 How this differs from the library (the outputs and gradients are otherwise the same; tests/jobs/layers):
@@ -24,7 +26,9 @@ How this differs from the library (the outputs and gradients are otherwise the s
 
 from __future__ import annotations
 
+import functools
 import math
+from types import ModuleType
 from typing import Literal, get_args
 
 import torch
@@ -38,12 +42,14 @@ Difference = Literal["ignorematch", "substractmatch"]  # the library's spelling
 SimilarityModel = Literal["contrast", "ratio"]
 Init = Literal["uniform", "normal", "orthogonal"]
 Semantics = Literal["reference", "per_feature"]
+PerFeatureKernel = Literal["auto", "chunked", "triton"]
 
 INTERSECTIONS: tuple[str, ...] = get_args(Intersection)
 DIFFERENCES: tuple[str, ...] = get_args(Difference)
 SIMILARITIES: tuple[str, ...] = get_args(SimilarityModel)
 INITS: tuple[str, ...] = get_args(Init)
 SEMANTICS: tuple[str, ...] = get_args(Semantics)
+PER_FEATURE_KERNELS: tuple[str, ...] = get_args(PerFeatureKernel)
 PROTOTYPE_MULTIPLE = 64  # pad P > 64 up to a multiple of this (gpu_anchor.md: 4.7x on the H200); 1: no padding
 
 
@@ -51,6 +57,31 @@ def _check(kind: str, value: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ValueError(f"unknown {kind} {value!r}; allowed: {', '.join(allowed)}")
     return value
+
+
+@functools.cache
+def _triton_kernels() -> ModuleType | None:
+    """jobs.layers.tversky_triton, or None where Triton does not import. Imported on first use, not with this
+    module: on a CPU the kernels only run under TRITON_INTERPRET=1, which must be set before that import."""
+    try:
+        from jobs.layers import tversky_triton
+    except ImportError:
+        return None
+    return tversky_triton
+
+
+def per_feature_backend(device_type: str, dtype: torch.dtype, requested: str = "auto") -> str:
+    """Which kernels, "triton" or "chunked", compute semantics="per_feature" for tensors on `device_type`.
+
+    "auto" takes Triton on CUDA for fp32/bf16/fp16 when it imports, the chunked path otherwise (CPU, float64).
+    "triton" forces it (on a CPU: under the interpreter, for tests); "chunked" forces today's path.
+    """
+    _check("per_feature_kernel", requested, PER_FEATURE_KERNELS)
+    if requested != "auto":
+        return requested
+    if device_type != "cuda" or dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return "chunked"
+    return "triton" if _triton_kernels() is not None else "chunked"
 
 
 def default_init_scale(init: str, in_features: int, num_features: int) -> float:
@@ -117,11 +148,14 @@ def tversky_similarity(
     normalize: bool = False,
     semantics: str = "reference",
     chunk_size: int | None = None,
+    per_feature_kernel: str = "auto",
 ) -> torch.Tensor:
     """All-pairs Tversky similarity S(x_i, y_j): x [N, d], y [P, d], feature_bank [F, d] -> [N, P].
 
     `chunk_size`: the most elements of the [N, P, F] tensor a per-feature kernel holds at once (None: 2^20 on
-    CPU, 2^26 elsewhere). Only per_feature min, max, softmin and substractmatch use it.
+    CPU, 2^26 elsewhere). Only per_feature min, max, softmin and substractmatch use it, on the chunked path.
+    `per_feature_kernel`: "auto" (Triton on CUDA, chunked elsewhere), "chunked" or "triton"; see
+    `per_feature_backend`. Only semantics="per_feature" reads it.
     """
     _check("semantics", semantics, SEMANTICS)
     if normalize:  # the library normalises both sides, never the feature bank (tversky.md §1.1)
@@ -147,24 +181,33 @@ def tversky_similarity(
     # gradient (both 0 at dot = 0). Indicators have no gradient (no straight-through), as in the library.
     u = F.relu(dot_x)  # [N, F]
     v = F.relu(dot_y)  # [P', F]
-    # Indicators 1[u > 0] = sign(u) as u >= 0: in the compute dtype (bf16 and autocast work), no autograd graph,
-    # and no bool tensor (a comparison into bool ran ~4x slower than sign on CPU).
-    u_in = u.detach().sign()  # [N, F]
-    v_in = v.detach().sign()  # [P', F]
-    if semantics == "per_feature":
-        chunk = default_chunk_size(u.device) if chunk_size is None else chunk_size
-        inter, diff_xy, diff_yx = per_feature_terms(u, v, u_in, v_in, intersection, difference, chunk, p)
+    if semantics == "per_feature" and per_feature_backend(u.device.type, u.dtype, per_feature_kernel) == "triton":
+        kernels = _triton_kernels()
+        if kernels is None:
+            raise RuntimeError("per_feature_kernel='triton': triton does not import here; use 'auto' or 'chunked'")
+        # Indicators are formed inside the kernels. Padding prototypes are left out (v[:p] is a view): they help
+        # cuBLAS, not these kernels, and padded [N, P'] outputs would be copies of GiBs in an LM head.
+        inter, diff_xy, diff_yx = kernels.per_feature_terms(u, v[:p], None, None, intersection, difference, None, p)
+        pad = 0  # [N, P] already
     else:
-        ia = u @ v_in.T  # [N, P']  Σ_k u_k 1[v_k > 0]
-        ib = u_in @ v.T  # [N, P']  Σ_k 1[u_k > 0] v_k
-        # ignorematch: Σ_k u_k 1[v_k <= 0] = s_A - IA, so no GEMM against the complement indicator.
-        diff_xy = u.sum(dim=1, keepdim=True) - ia  # [N, 1] - [N, P']
-        diff_yx = v.sum(dim=1)[None, :] - ib  # [1, P'] - [N, P']; already the transpose of f(B - A)
-        if difference == "substractmatch":
-            # The library adds IA·1[IA>IB] - IB·1[IA>IB]: the same value and gradient as relu(IA - IB).
-            diff_xy = diff_xy + F.relu(ia - ib)
-            diff_yx = diff_yx + F.relu(ib - ia)
-        inter = u @ v.T if intersection == "product" else _REDUCE[intersection](ia, ib)  # [N, P']
+        # Indicators 1[u > 0] = sign(u) as u >= 0: in the compute dtype (bf16 and autocast work), no autograd
+        # graph, and no bool tensor (a comparison into bool ran ~4x slower than sign on CPU).
+        u_in = u.detach().sign()  # [N, F]
+        v_in = v.detach().sign()  # [P', F]
+        if semantics == "per_feature":
+            chunk = default_chunk_size(u.device) if chunk_size is None else chunk_size
+            inter, diff_xy, diff_yx = per_feature_terms(u, v, u_in, v_in, intersection, difference, chunk, p)
+        else:
+            ia = u @ v_in.T  # [N, P']  Σ_k u_k 1[v_k > 0]
+            ib = u_in @ v.T  # [N, P']  Σ_k 1[u_k > 0] v_k
+            # ignorematch: Σ_k u_k 1[v_k <= 0] = s_A - IA, so no GEMM against the complement indicator.
+            diff_xy = u.sum(dim=1, keepdim=True) - ia  # [N, 1] - [N, P']
+            diff_yx = v.sum(dim=1)[None, :] - ib  # [1, P'] - [N, P']; already the transpose of f(B - A)
+            if difference == "substractmatch":
+                # The library adds IA·1[IA>IB] - IB·1[IA>IB]: the same value and gradient as relu(IA - IB).
+                diff_xy = diff_xy + F.relu(ia - ib)
+                diff_yx = diff_yx + F.relu(ib - ia)
+            inter = u @ v.T if intersection == "product" else _REDUCE[intersection](ia, ib)  # [N, P']
 
     if pad:  # drop the padding before the elementwise part: no ratio of a padded column is ever formed
         inter, diff_xy, diff_yx = inter[:, :p], diff_xy[:, :p], diff_yx[:, :p]  # [N, P'] -> [N, P]
