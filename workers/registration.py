@@ -63,6 +63,9 @@ def register_model(
                 code_paths=[str(Path(jobs.__file__).parent)],
                 signature=signature,
                 # Explicit requirements: inference would load the model in a subprocess (seconds).
+                # MLflow writes requirements.txt from this list itself, without a final newline
+                # (`"\n".join(...)` in mlflow/pytorch/__init__.py, as in every flavour); pip reads it fine,
+                # and the logged, registered artifact is MLflow's output, so we leave it as it is.
                 pip_requirements=model_requirements(model),
                 registered_model_name=name,
             )
