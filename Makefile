@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help install services browser demo up down test lint clean
+.PHONY: help install services browser demo up down test lint clean compat
 
 help:
 	@echo "make demo   install, start the embedded stack, run sweeps/tversky_xor_demo.yaml"
@@ -67,6 +67,10 @@ lint: install
 
 test: install services browser lint
 	$(PY) -m pytest -q
+
+# The fault and end-to-end suites against Ray 2.59.0 as well (RELIABILITY.md; about 20 minutes).
+compat: install services
+	scripts/check-compat.sh
 
 clean:
 	rm -rf .layerlab .pytest_cache

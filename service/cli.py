@@ -9,16 +9,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import httpx
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from service import cli_views as views
 from service.errors import SpecError
 from service.settings import Settings, get_settings
 
@@ -137,9 +139,71 @@ def list_sweeps(
 
 
 @app.command()
-def show(sweep_id: int) -> None:
-    """Show one sweep as JSON: state, trials, best so far, MLflow links, registered model."""
-    out.print_json(json.dumps(_api("GET", f"/sweeps/{sweep_id}")))
+def show(
+    sweep_id: int,
+    as_json: Annotated[bool, typer.Option("--json", help="The API's JSON (GET /sweeps/{id}), for scripts.")] = False,
+) -> None:
+    """One sweep: state, attempts, best so far, MLflow link, registered model, and a row per trial."""
+    sweep = _api("GET", f"/sweeps/{sweep_id}")
+    if as_json:
+        out.print_json(json.dumps(sweep))
+        return
+    _print_wide(views.show_view(sweep, _api("GET", f"/sweeps/{sweep_id}/trials")))
+
+
+def _print_wide(renderable: RenderableType) -> None:
+    """Tables whole when the output is a file or a pipe (no width there): rich would squeeze them into 80
+    columns and cut names and params short."""
+    (out if out.is_terminal else Console(width=views.WIDE, soft_wrap=True)).print(renderable)
+
+
+@app.command()
+def compare(sweep_ids: Annotated[list[int], typer.Argument(help="Two or more sweep ids.")]) -> None:
+    """Sweeps side by side: task, state, metric, best value and config, trials, each one's top 3 trials."""
+    if len(sweep_ids) < 2:
+        raise _fail(f"compare needs two or more sweep ids, got {len(sweep_ids)}: `layerlab compare 3 5`", 2)
+    pairs = [(_api("GET", f"/sweeps/{i}"), _api("GET", f"/sweeps/{i}/trials")) for i in sweep_ids]
+    _print_wide(views.compare_view(pairs))
+
+
+@app.command()
+def logs(
+    sweep_id: int,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines until the sweep ends.")
+    ] = False,
+    tail: Annotated[int | None, typer.Option(min=1, help="Only the last N lines so far.")] = None,
+) -> None:
+    """The worker's log of a sweep, from <LAYERLAB_HOME>/logs/sweeps/sweep-ID.log on this machine."""
+    path = views.sweep_log_path(get_settings().home_abs, sweep_id)
+    if not path.is_file():
+        sweep = _api("GET", f"/sweeps/{sweep_id}")  # a 404 says the sweep does not exist
+        if not (follow and sweep["state"] == "queued"):
+            raise _fail(views.missing_log_message(path, sweep))
+        err.print(f"sweep {sweep_id} is queued; waiting for a worker to start it (log: {path})", markup=False)
+        while not path.is_file():
+            sweep = _api("GET", f"/sweeps/{sweep_id}", params={"wait": 2})
+            if sweep["state"] != "queued" and not path.is_file():
+                time.sleep(5)  # the worker opens the log as it starts the sweep: give it a moment
+                if not path.is_file():
+                    raise _fail(views.missing_log_message(path, sweep))
+    with path.open(errors="replace") as f:
+        sys.stdout.write(views.read_log(f, tail))
+        sys.stdout.flush()
+        if not follow:
+            return
+
+        def write(chunk: str) -> None:
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+
+        def ended() -> bool:
+            return _api("GET", f"/sweeps/{sweep_id}")["state"] in TERMINAL
+
+        try:
+            views.follow(f, write, ended, time.sleep)
+        except KeyboardInterrupt:
+            pass
 
 
 @app.command()
@@ -147,7 +211,24 @@ def watch(
     sweep_id: int,
     interval: Annotated[float, typer.Option(min=0.1, max=60, help="Seconds between progress updates.")] = 1.0,
 ) -> None:
-    """A live progress bar until the sweep ends: trials finished/total, best metric so far."""
+    """A live progress bar until the sweep ends: trials finished/total, best metric so far. When the output
+    is not a terminal (a log file, a CI job), a plain line each time the state changes or a trial ends."""
+    if out.is_terminal:
+        s = _watch_bar(sweep_id, interval)
+    else:
+        shown = None
+        for s in _polls(sweep_id, interval):
+            if views.watch_key(s) != shown:
+                shown = views.watch_key(s)
+                out.print(views.watch_line(s), highlight=False, markup=False)
+    _print_outcome(s)
+    if s["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _watch_bar(sweep_id: int, interval: float) -> dict[str, Any]:
+    """The live bar; returns the sweep as it ended."""
+    s: dict[str, Any] = {}
     with Progress(
         TextColumn("[bold]sweep {task.fields[sid]}[/bold] {task.fields[state]}"),
         BarColumn(),
@@ -157,10 +238,7 @@ def watch(
         console=out,
     ) as progress:
         bar = progress.add_task("sweep", total=None, sid=sweep_id, state="", running=0, errored=0, best="-")
-        while True:
-            # A long poll: the API answers after `interval`, or at once when the sweep ends.
-            asked = time.monotonic()
-            s = _api("GET", f"/sweeps/{sweep_id}", params={"wait": interval})
+        for s in _polls(sweep_id, interval):
             t = s["trials"]
             best = "-" if s["best_metric"] is None else f"{s['metric']['name']}={s['best_metric']:.4g}"
             progress.update(
@@ -172,12 +250,19 @@ def watch(
                 errored=t["errored"],
                 best=best,
             )
-            if s["state"] in TERMINAL:
-                break
-            time.sleep(max(0.0, interval - (time.monotonic() - asked)))  # an API that answered early
-    _print_outcome(s)
-    if s["state"] != "succeeded":
-        raise typer.Exit(1)
+    return s
+
+
+def _polls(sweep_id: int, interval: float) -> Iterator[dict[str, Any]]:
+    """The sweep every `interval` seconds, until (and with) its end."""
+    while True:
+        # A long poll: the API answers after `interval`, or at once when the sweep ends.
+        asked = time.monotonic()
+        s: dict[str, Any] = _api("GET", f"/sweeps/{sweep_id}", params={"wait": interval})
+        yield s
+        if s["state"] in TERMINAL:
+            return
+        time.sleep(max(0.0, interval - (time.monotonic() - asked)))  # an API that answered early
 
 
 def _print_outcome(s: dict[str, Any]) -> None:
@@ -200,6 +285,13 @@ def cancel(sweep_id: int) -> None:
 
 
 @app.command()
+def resume(sweep_id: int) -> None:
+    """Put a failed or cancelled sweep back in the queue: it continues where it stopped (finished trials kept)."""
+    s = _api("POST", f"/sweeps/{sweep_id}/resume")
+    out.print(f"sweep {sweep_id}: {s['state']} again, {s['max_attempts'] - s['attempts']} attempts left")
+
+
+@app.command()
 def pull(
     model: Annotated[str, typer.Argument(help="NAME, NAME@ALIAS or NAME/VERSION from the Model Registry.")],
     dest: Annotated[Path, typer.Argument(help="Folder to download the model into.")],
@@ -212,6 +304,10 @@ def pull(
     # models:/ URIs resolve through the registry URI, which does not follow a tracking_uri argument.
     mlflow.set_tracking_uri(get_settings().tracking_uri)
     mlflow.set_registry_uri(get_settings().tracking_uri)
+    if not (sys.stdout.isatty() and sys.stderr.isatty()):
+        # MLflow's download bars (tqdm, on stderr) would fill a log or a CI job with carriage returns. MLflow
+        # reads this variable at each download (mlflow/utils/file_utils.py); set it to true to keep the bars.
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     try:
         path = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest))
     except Exception as exc:
@@ -253,12 +349,30 @@ def serve(
 def worker(
     once: Annotated[bool, typer.Option("--once", help="Run one sweep, then exit.")] = False,
     exit_when_idle: Annotated[bool, typer.Option("--exit-when-idle", help="Exit when the queue is empty.")] = False,
-    worker_id: Annotated[str | None, typer.Option(help="Defaults to host:pid:random.")] = None,
+    worker_id: Annotated[str | None, typer.Option(help="Defaults to host:boot-id:pid:random.")] = None,
+    supervise: Annotated[
+        bool,
+        typer.Option(
+            "--supervise",
+            help="Run the worker as a child process and start a new one whenever it dies (`layerlab up` does); "
+            "the new one takes over the dead one's sweep at once. Its pid is in <home>/worker.pid.",
+        ),
+    ] = False,
 ) -> None:
     """Claim sweeps and run them on Ray (local Ray unless RAY_ADDRESS is set)."""
     from workers.worker import Worker
 
     _setup_logging()
+    if supervise:
+        from workers.supervisor import supervise as run_supervised
+
+        if worker_id:
+            raise _fail("--supervise starts workers with their own ids; leave out --worker-id")
+        command = [sys.executable, "-m", "service.cli", "worker"]
+        command += ["--once"] if once else []
+        command += ["--exit-when-idle"] if exit_when_idle else []
+        get_settings().home_abs.mkdir(parents=True, exist_ok=True)
+        raise typer.Exit(run_supervised(command, get_settings().home_abs / "worker.pid"))
     w = Worker(get_settings(), worker_id=worker_id)
     w.install_signal_handlers()
     w.run(once=once, exit_when_idle=exit_when_idle)
@@ -413,7 +527,7 @@ def up(
     commands = {
         "mlflow": _mlflow_server_cmd(settings, mlflow_port),
         "api": [*me, "serve", "--port", str(api_port)],
-        "worker": [*me, "worker"],
+        "worker": [*me, "worker", "--supervise"],
     }
     procs: dict[str, subprocess.Popen[bytes]] = {}
     for name, cmd in commands.items():
@@ -455,7 +569,12 @@ def down() -> None:
         out.print("nothing to stop")
         return
     pids = json.loads(pid_file.read_text())
+    worker_pid = get_settings().home_abs / "worker.pid"  # the supervised worker, in a process group of its own
+    if worker_pid.exists() and worker_pid.read_text().strip().isdigit():
+        pids["worker-child"] = int(worker_pid.read_text())
     for name, pid in pids.items():
+        if name == "worker-child":
+            continue  # the supervisor ("worker") passes SIGTERM on to it
         try:
             if name == "worker":
                 # The worker alone: it gives its sweep back and shuts its local Ray down itself. Its whole
@@ -475,6 +594,7 @@ def down() -> None:
         except OSError:
             pass
     pid_file.unlink(missing_ok=True)
+    worker_pid.unlink(missing_ok=True)
     out.print("stopped")
 
 

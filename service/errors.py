@@ -29,9 +29,9 @@ class SweepNotFound(LayerlabError):
 class InvalidTransition(LayerlabError):
     """The sweep is not in a state that allows this."""
 
-    def __init__(self, sweep_id: int, state: str, action: str) -> None:
+    def __init__(self, sweep_id: int, state: str, action: str, hint: str = "") -> None:
         self.sweep_id, self.state, self.action = sweep_id, state, action
-        super().__init__(f"sweep {sweep_id} is {state}; cannot {action} it")
+        super().__init__(f"sweep {sweep_id} is {state}; cannot {action} it" + (f" ({hint})" if hint else ""))
 
 
 class LeaseLost(LayerlabError):

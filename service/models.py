@@ -43,6 +43,14 @@ class TrialState(enum.StrEnum):
     running = "running"
     terminated = "terminated"
     error = "error"
+    cancelled = "cancelled"
+    """Stopped unfinished by a cancel of its sweep; `resume` runs it on from its last checkpoint."""
+    lost = "lost"
+    """Started after Tune's last saved state under a searcher that does not make it again (Optuna, unseeded
+    random): a restore cannot continue it, the searcher suggests another trial instead."""
+
+
+TRIAL_ENDED = (TrialState.terminated, TrialState.error, TrialState.cancelled, TrialState.lost)
 
 
 class Base(DeclarativeBase):
@@ -64,7 +72,7 @@ class Sweep(Base):
     state: Mapped[str] = mapped_column(String(16), default=SweepState.queued.value, index=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=5)
     worker_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -79,6 +87,9 @@ class Sweep(Base):
     best_trial_id: Mapped[str | None] = mapped_column(String(100), nullable=True)
     mlflow_experiment_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     mlflow_parent_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    mlflow_closed: Mapped[bool] = mapped_column(Boolean, default=False)
+    """Whether the sweep's MLflow runs were ended to match its end. A sweep the queue gave up on with no
+    worker alive ends with its runs open; the next worker that polls the queue closes them."""
     model_name: Mapped[str | None] = mapped_column(String(100), nullable=True)
     model_version: Mapped[str | None] = mapped_column(String(32), nullable=True)
     model_alias: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -102,6 +113,14 @@ class Trial(Base):
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     node_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     """The Ray node that ran the trial's latest start (operators: where to look for its logs)."""
+    checkpoint_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """The trial's latest checkpoint at the storage path: a restarted trial resumes from it."""
+    checkpoint_iteration: Mapped[int] = mapped_column(Integer, default=0)
+    """The iteration that checkpoint was reported with."""
+    final_result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """A finished trial's last result (the task's own keys): a restore reports it instead of training again."""
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """Why the trial ended other than by finishing (error, cancel, lost), in one line."""
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 

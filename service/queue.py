@@ -22,13 +22,21 @@ from sqlalchemy.orm import Session
 
 from service.db import get_engine, migrate, session_factory
 from service.errors import InvalidTransition, LeaseLost, SweepNotFound
-from service.models import TERMINAL, Event, Sweep, SweepState, Trial, TrialState, utcnow
+from service.models import TERMINAL, TRIAL_ENDED, Event, Sweep, SweepState, Trial, TrialState, utcnow
 from service.spec import SweepSpec, spec_to_yaml
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 TRIALS = cast(Table, Trial.__table__)
-NEW_TRIAL = {"state": TrialState.pending.value, "config": {}, "iteration": 0, "starts": 0, "logged_iteration": 0}
+NEW_TRIAL = {
+    "state": TrialState.pending.value,
+    "config": {},
+    "iteration": 0,
+    "starts": 0,
+    "logged_iteration": 0,
+    "checkpoint_iteration": 0,
+}
+DEFAULT_MAX_ATTEMPTS = 5
 
 
 def _trial_key(sweep_id: int, trial_id: str) -> tuple[Any, Any]:
@@ -99,9 +107,11 @@ class QueueStore:
     # --- submit / read / cancel (API side) ---------------------------------------------------
 
     def submit(
-        self, spec: SweepSpec, spec_yaml: str | None = None, max_attempts: int = 3, owner: str | None = None
+        self, spec: SweepSpec, spec_yaml: str | None = None, max_attempts: int | None = None, owner: str | None = None
     ) -> Sweep:
+        """`max_attempts`: the service's default, used when the spec names none."""
         assert spec.metric.mode is not None, "parse_spec fills the metric mode"
+        max_attempts = spec.max_attempts or max_attempts or DEFAULT_MAX_ATTEMPTS
         with self.session() as s, s.begin():
             sweep = Sweep(
                 name=spec.name,
@@ -167,6 +177,62 @@ class QueueStore:
                 s.add(Event(sweep_id=sweep_id, action="cancel_request", detail=f"worker {sweep.worker_id}"))
         log.info("cancel sweep %s", sweep_id, extra={"action": "cancel", "job_id": sweep_id})
         return sweep
+
+    def resume(self, sweep_id: int, attempts: int | None = None) -> Sweep:
+        """Put a failed or cancelled sweep back in the queue with `attempts` fresh claims (the spec's
+        max_attempts, else the default). It keeps its Tune state, trial rows and MLflow runs: the next
+        worker restores the experiment and runs what is unfinished. The attempt counter keeps counting
+        (max_attempts grows instead): a worker of an earlier attempt stays fenced out."""
+        with self.session() as s, s.begin():
+            sweep = self._locked(s, sweep_id)
+            if sweep.state not in (SweepState.failed, SweepState.cancelled):
+                raise InvalidTransition(sweep_id, sweep.state, "resume", "only a failed or cancelled sweep resumes")
+            fresh = attempts or SweepSpec.model_validate(sweep.spec).max_attempts or DEFAULT_MAX_ATTEMPTS
+            was = sweep.state
+            sweep.state, sweep.reason, sweep.finished_at = SweepState.queued.value, None, None
+            sweep.cancel_requested, sweep.mlflow_closed = False, False
+            sweep.max_attempts = sweep.attempts + fresh
+            s.add(Event(sweep_id=sweep_id, action="resume", detail=f"was {was}; {fresh} more attempts"))
+        log.info("resume sweep %s", sweep_id, extra={"action": "resume", "job_id": sweep_id})
+        return sweep
+
+    def unclosed(self) -> list[Sweep]:
+        """Ended sweeps whose MLflow runs are still open: the queue gave up on them with no worker alive."""
+        q = select(Sweep).where(
+            Sweep.state.in_([st.value for st in TERMINAL]),
+            Sweep.mlflow_closed.is_(False),
+            Sweep.mlflow_parent_run_id.is_not(None),
+        )
+        with self.session() as s:
+            return list(s.scalars(q.order_by(Sweep.id).limit(20)))
+
+    @waits_out_outages
+    def mark_closed(self, sweep_id: int, trial_state: TrialState, reason: str) -> bool:
+        """After its runs were ended: every unfinished trial row to `trial_state`, the sweep marked closed.
+        False if the sweep is no longer an ended, unclosed sweep (resumed meanwhile, or closed by another)."""
+        with self.engine.begin() as conn:
+            sweeps = cast(Table, Sweep.__table__)
+            done = conn.execute(
+                update(sweeps)
+                .where(
+                    sweeps.c.id == sweep_id,
+                    sweeps.c.state.in_([st.value for st in TERMINAL]),
+                    sweeps.c.mlflow_closed.is_(False),
+                )
+                .values(mlflow_closed=True)
+            )
+            if done.rowcount != 1:
+                return False
+            self._close_trials(conn, sweep_id, trial_state, reason)
+            return True
+
+    def _close_trials(self, conn: Connection, sweep_id: int, state: TrialState, reason: str) -> None:
+        unfinished = TRIALS.c.state.not_in([st.value for st in TRIAL_ENDED])
+        conn.execute(
+            update(TRIALS)
+            .where(TRIALS.c.sweep_id == sweep_id, unfinished)
+            .values(state=state.value, reason=reason, updated_at=utcnow())
+        )
 
     def _locked(self, s: Session, sweep_id: int) -> Sweep:
         q = select(Sweep).where(Sweep.id == sweep_id)
@@ -250,6 +316,26 @@ class QueueStore:
         log.info("claim sweep %s", claim.sweep_id, extra={"action": "claim", "job_id": claim.sweep_id})
         return claim
 
+    def running_leases(self) -> list[tuple[int, str | None]]:
+        """(sweep id, lease holder) of every running sweep."""
+        q = select(Sweep.id, Sweep.worker_id).where(Sweep.state == SweepState.running)
+        with self.session() as s:
+            return [(sweep_id, worker_id) for sweep_id, worker_id in s.execute(q)]
+
+    def expire_lease(self, sweep_id: int, worker_id: str, why: str) -> bool:
+        """End a lease now (its holder is known to be dead): the next claim reclaims the sweep."""
+        with self.session() as s, s.begin():
+            stmt = (
+                update(Sweep)
+                .where(Sweep.id == sweep_id, Sweep.worker_id == worker_id, Sweep.state == SweepState.running)
+                .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+            )
+            if s.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
+                return False
+            s.add(Event(sweep_id=sweep_id, action="lease_expired", detail=why))
+        log.warning("sweep %s: %s", sweep_id, why, extra={"action": "lease_expired", "job_id": sweep_id})
+        return True
+
     def _fenced(self, claim: Claim) -> Any:
         return update(Sweep).where(
             Sweep.id == claim.sweep_id,
@@ -268,24 +354,27 @@ class QueueStore:
             return bool(s.scalar(select(Sweep.cancel_requested).where(Sweep.id == claim.sweep_id)))
 
     @waits_out_outages
-    def _end(self, claim: Claim, state: SweepState, reason: str | None, **values: Any) -> None:
+    def _end(self, claim: Claim, state: SweepState, reason: str | None, trials: TrialState, closed: bool) -> None:
+        """End the sweep; unfinished trial rows become `trials`. `closed`: the caller ended its MLflow runs
+        (else the closer of abandoned sweeps does, workers.durability.close_abandoned)."""
         with self.session() as s, s.begin():
             stmt = self._fenced(claim).values(
-                state=state.value, reason=reason, finished_at=utcnow(), lease_expires_at=None, **values
+                state=state.value, reason=reason, finished_at=utcnow(), lease_expires_at=None, mlflow_closed=closed
             )
             if s.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
                 raise LeaseLost(claim.sweep_id, claim.worker_id, claim.attempt)
+            self._close_trials(s.connection(), claim.sweep_id, trials, reason or state.value)
             s.add(Event(sweep_id=claim.sweep_id, action=state.value, detail=reason))
         log.info("%s sweep %s", state.value, claim.sweep_id, extra={"action": state.value, "job_id": claim.sweep_id})
 
     def finish(self, claim: Claim) -> None:
-        self._end(claim, SweepState.succeeded, None)
+        self._end(claim, SweepState.succeeded, None, TrialState.lost, closed=True)
 
-    def fail(self, claim: Claim, reason: str) -> None:
-        self._end(claim, SweepState.failed, reason)
+    def fail(self, claim: Claim, reason: str, closed: bool = True) -> None:
+        self._end(claim, SweepState.failed, reason, TrialState.error, closed)
 
-    def cancelled(self, claim: Claim, reason: str = "cancelled by request") -> None:
-        self._end(claim, SweepState.cancelled, reason)
+    def cancelled(self, claim: Claim, reason: str = "cancelled by request", closed: bool = True) -> None:
+        self._end(claim, SweepState.cancelled, reason, TrialState.cancelled, closed)
 
     @waits_out_outages
     def requeue(self, claim: Claim, reason: str) -> None:
@@ -322,7 +411,7 @@ class QueueStore:
         with self.engine.begin() as conn:
             self._update_trial(
                 conn, sweep_id, trial_id, state=TrialState.running.value, config=config, starts=TRIALS.c.starts + 1,
-                updated_at=utcnow(), **node,
+                reason=None, updated_at=utcnow(), **node,
             )  # fmt: skip
 
     @waits_out_outages
@@ -357,9 +446,30 @@ class QueueStore:
             return bool(moved.rowcount == 1)
 
     @waits_out_outages
-    def trial_ended(self, sweep_id: int, trial_id: str, state: TrialState) -> None:
+    def trial_ended(
+        self,
+        sweep_id: int,
+        trial_id: str,
+        state: TrialState,
+        final_result: dict[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> None:
         with self.engine.begin() as conn:
-            self._update_trial(conn, sweep_id, trial_id, state=state.value, updated_at=utcnow())
+            self._update_trial(
+                conn, sweep_id, trial_id, state=state.value, final_result=final_result, reason=reason,
+                updated_at=utcnow(),
+            )  # fmt: skip
+
+    @waits_out_outages
+    def trial_checkpoint(self, sweep_id: int, trial_id: str, path: str, iteration: int) -> None:
+        """The trial's newest checkpoint (kept if an older iteration's comes late)."""
+        newer = bindparam("it", iteration, type_=Integer) >= TRIALS.c.checkpoint_iteration
+        with self.engine.begin() as conn:
+            self._update_trial(
+                conn, sweep_id, trial_id,
+                checkpoint_path=case((newer, path), else_=TRIALS.c.checkpoint_path),
+                checkpoint_iteration=case((newer, iteration), else_=TRIALS.c.checkpoint_iteration),
+            )  # fmt: skip
 
     @waits_out_outages
     def set_trial_run(self, sweep_id: int, trial_id: str, run_id: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from service.models import Sweep
+from service.models import Sweep, Trial
 
 
 class TrialCounts(BaseModel):
@@ -17,6 +17,11 @@ class TrialCounts(BaseModel):
     running: int
     finished: int
     errored: int
+    cancelled: int = 0
+    """Stopped unfinished by a cancel; `resume` runs them on."""
+    lost: int = 0
+    """Started after Tune's last saved state under a searcher that does not make them again (a kill of the
+    worker): closed, and replaced by other trials of the searcher. Not counted in `total`."""
 
 
 class MlflowLinks(BaseModel):
@@ -65,7 +70,7 @@ class SweepPublic(BaseModel):
         if sweep.model_name and sweep.model_version:
             uri = f"models:/{sweep.model_name}@{sweep.model_alias}" if sweep.model_alias else None
             uri = uri or f"models:/{sweep.model_name}/{sweep.model_version}"
-        seen = sum(counts.values())
+        seen = sum(n for state, n in counts.items() if state != "lost")
         return cls(
             id=sweep.id,
             name=sweep.name,
@@ -88,6 +93,8 @@ class SweepPublic(BaseModel):
                 running=counts.get("running", 0),
                 finished=counts.get("terminated", 0),
                 errored=counts.get("error", 0),
+                cancelled=counts.get("cancelled", 0),
+                lost=counts.get("lost", 0),
             ),
             best_metric=sweep.best_metric,
             best_config=sweep.best_config,
@@ -127,3 +134,46 @@ class ErrorResponse(BaseModel):
     """Every other error body: one line saying what is wrong and how to fix it."""
 
     detail: str
+
+
+class TrialPublic(BaseModel):
+    trial_id: str
+    state: str
+    """A service.models.TrialState value: pending, running, terminated (finished), error, ..."""
+    config: dict[str, Any]
+    iteration: int
+    """The latest reported training iteration."""
+    metrics: dict[str, Any] | None
+    """The task's metrics at that iteration (the latest values, not the best)."""
+    starts: int
+    """How many times the trial was started: more than 1 after a failure or a worker's restart."""
+    node_id: str | None
+    mlflow_run_id: str | None
+    reason: str | None = None
+    """Why the trial ended other than by finishing (error, cancelled, lost)."""
+    updated_at: datetime
+
+    @classmethod
+    def build(cls, trial: Trial) -> TrialPublic:
+        return cls(
+            trial_id=trial.trial_id,
+            state=trial.state,
+            config=trial.config or {},
+            iteration=trial.iteration,
+            metrics=trial.metrics,
+            starts=trial.starts,
+            node_id=trial.node_id,
+            mlflow_run_id=trial.mlflow_run_id,
+            reason=trial.reason,
+            updated_at=_utc(trial.updated_at),
+        )
+
+
+class TrialList(BaseModel):
+    """GET /sweeps/{id}/trials: every trial so far, in the order they started."""
+
+    sweep_id: int
+    metric: dict[str, str]
+    space: list[str]
+    """The searched config keys of the spec (its `space`), in the spec's order."""
+    trials: list[TrialPublic]

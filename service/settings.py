@@ -20,8 +20,15 @@ class Settings(BaseSettings):
     api_url: str = Field(default="http://127.0.0.1:8000", description="Where the CLI finds the API.")
     lease_seconds: float = Field(default=30.0, gt=0, description="A claim expires this long after a heartbeat.")
     heartbeat_seconds: float = Field(default=5.0, gt=0)
+    take_over_dead_leases: bool = Field(
+        default=True,
+        description="A worker expires at once the lease of a worker that died on its own host (pid gone, same "
+        "boot), instead of waiting lease_seconds (workers/supervisor.py).",
+    )
     poll_seconds: float = Field(default=2.0, gt=0, description="Idle worker's wait between claims.")
-    max_attempts: int = Field(default=3, ge=1, description="Claims of one sweep before it fails.")
+    max_attempts: int = Field(
+        default=5, ge=1, description="Claims of one sweep before it fails, for a spec that names no max_attempts."
+    )
     max_body_bytes: int = Field(default=256 * 1024, gt=0)
     ray_num_cpus: int | None = Field(default=None, description="CPUs of a local Ray; all when unset.")
     data_roots: str = Field(

@@ -136,6 +136,13 @@ with warnings.catch_warnings():
         max_concurrent_trials: int | None = Field(default=None, ge=1, le=10_000)
         max_failures: int = Field(default=1, ge=0, le=100, description="Retries of a failed trial.")
         time_budget_s: float | None = Field(default=None, gt=0, le=30 * 24 * 3600)
+        max_attempts: int | None = Field(
+            default=None,
+            ge=1,
+            le=100,
+            description="Claims of the sweep before the queue gives up on it (a worker that dies costs one); "
+            "the service's LAYERLAB_MAX_ATTEMPTS (5) when unset. `layerlab resume` grants as many again.",
+        )
         priority: int = Field(default=50, ge=0, le=100, description="Higher runs first.")
         register: Register | None = None
 

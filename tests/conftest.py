@@ -11,6 +11,5 @@ for key, value in {
     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
-    "TUNE_GLOBAL_CHECKPOINT_S": "0",
 }.items():
     os.environ.setdefault(key, value)

@@ -1,6 +1,7 @@
 """How the worker talks to an MLflow store, whatever it writes: SQLite commits that do not wait for
-the disk, one creator of a new SQLite store at a time, HTTP calls that fail fast during a sweep, and
-which failures mean "the server is away, try again later".
+the disk, one creator of a new SQLite store at a time, and which failures mean "the server is away, try
+again later". (HTTP calls fail fast through MLflow's documented MLFLOW_HTTP_REQUEST_* variables, set
+once for the worker process: workers.worker.WORKER_ENV_DEFAULTS.)
 """
 
 from __future__ import annotations
@@ -19,11 +20,6 @@ from sqlalchemy import event
 from sqlalchemy.pool import Pool
 
 log = logging.getLogger(__name__)
-
-FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
-"""MLflow's HTTP retries around the writes made during a sweep. Its default retries a refused request
-for about 4 minutes, and a Tune callback waiting on it holds up every trial; these writes are kept
-back and delivered later instead (`SweepTracker._write`)."""
 
 
 def fast_sqlite_commits(tracking_uri: str) -> None:
@@ -50,22 +46,6 @@ def fast_sqlite_commits(tracking_uri: str) -> None:
 
 
 _FAST_SQLITE: set[str] = set()
-
-
-@contextmanager
-def fail_fast() -> Iterator[None]:
-    # MLflow reads these at every request; one thread at a time makes MLflow calls: during the sweep the
-    # writer thread, if there is one; the driver's only after `settle(everything=True)`.
-    saved = {k: os.environ.get(k) for k in FAIL_FAST}
-    os.environ.update(FAIL_FAST)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @contextmanager

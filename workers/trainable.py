@@ -3,11 +3,16 @@
 Plain trials report through `ray.tune.report`. Trials that ask for several workers or for GPUs
 build a Ray Train (V2) `TorchTrainer` whose workers report through `ray.train.report`; the
 `TuneReportCallback` forwards their metrics (and the checkpoint path) to the Tune trial.
+
+Every trainable first asks the sweep's ledger (workers.durability) about its trial: one that finished
+before a crash reports its stored final result and returns, and one that was interrupted resumes from
+the newer of Tune's checkpoint and the ledger's.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -16,8 +21,12 @@ from typing import Any
 import torch
 
 from jobs.registry import get_task
+from workers.durability import ITERATION_KEY, REPLAYED_KEY, Ledger
 
 CHECKPOINT_FILE = "checkpoint.pt"
+ITERATION_FILE = "layerlab.json"
+"""Beside checkpoint.pt: the iteration the checkpoint was reported with, so that a trial resumed from
+it numbers its reports on from there, whichever checkpoint it resumes from."""
 ARTIFACTS_KEY = "artifacts"
 """Result key under which files from `session.log_artifact` reach the driver (name -> base64)."""
 NODE_KEY = "node_id"
@@ -51,10 +60,19 @@ def load_checkpoint_dir(path: str | Path) -> dict[str, Any]:
     return state
 
 
-class TuneSession(_Artifacts):
-    """Session for a plain Tune trial (one process)."""
+def _checkpoint_iteration(folder: str | Path) -> int:
+    try:
+        return int(json.loads((Path(folder) / ITERATION_FILE).read_text())["iteration"])
+    except (OSError, ValueError, KeyError):
+        return 0  # a checkpoint made before the iteration was written beside it
 
-    def __init__(self) -> None:
+
+class TuneSession(_Artifacts):
+    """Session for a plain Tune trial (one process). `resume`: the ledger's newest checkpoint of this trial
+    (a URI) and its iteration; used instead of Tune's own when it is newer (Tune's restored state may be a
+    save or more behind the trial)."""
+
+    def __init__(self, resume: tuple[str, int] | None = None) -> None:
         from ray import tune
 
         super().__init__()
@@ -62,19 +80,28 @@ class TuneSession(_Artifacts):
         self.device = torch.device("cpu")
         self.world_rank, self.world_size = 0, 1
         self.checkpoint: dict[str, Any] | None = None
-        ckpt = tune.get_checkpoint()
-        if ckpt is not None:
-            with ckpt.as_directory() as d:
-                self.checkpoint = load_checkpoint_dir(d)
+        self.iteration = 0
+        candidates = []
+        if (ckpt := tune.get_checkpoint()) is not None:
+            candidates.append(ckpt)
+        if resume is not None:
+            candidates.append(tune.Checkpoint(resume[0]))
+        for candidate in candidates:
+            with candidate.as_directory() as d:
+                iteration = _checkpoint_iteration(d)
+                if self.checkpoint is None or iteration > self.iteration:
+                    self.checkpoint, self.iteration = load_checkpoint_dir(d), iteration
 
     def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
-        metrics = self.attach(metrics)
+        self.iteration += 1
+        metrics = {**self.attach(metrics), ITERATION_KEY: self.iteration}
         if checkpoint is None:
             self._tune.report(metrics)
             return
         # tune.report persists the folder before returning, so the temp folder may go right after.
         with tempfile.TemporaryDirectory() as d:
             torch.save(checkpoint, os.path.join(d, CHECKPOINT_FILE))
+            Path(d, ITERATION_FILE).write_text(json.dumps({"iteration": self.iteration}))
             self._tune.report(metrics, checkpoint=self._tune.Checkpoint.from_directory(d))
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -120,14 +147,31 @@ def task_params(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if not k.startswith("_")}
 
 
-def run_trial(config: dict[str, Any], task_name: str, cpus: float = 1.0) -> None:
+def _replayed(ledger: Ledger | None) -> bool:
+    """Report the stored final result of a trial the ledger holds as finished (a restore from a state saved
+    before it ended runs it again): True if it did, and the trial must not train."""
+    from ray import tune
+
+    record = ledger.get(tune.get_context().get_trial_id()) if ledger else None
+    if record is None or record.final_result is None:
+        return False
+    tune.report({**record.final_result, REPLAYED_KEY: True})
+    return True
+
+
+def run_trial(config: dict[str, Any], task_name: str, cpus: float = 1.0, ledger: Ledger | None = None) -> None:
     """Tune function trainable for one-process trials."""
+    if _replayed(ledger):
+        return
+    from ray import tune
+
+    record = ledger.get(tune.get_context().get_trial_id()) if ledger else None
     # One intra-op thread per CPU the trial holds: with more, concurrent trials fight over cores
     # (a 1000-step XOR run took 12 s with 2 threads next to a busy core, 1.1 s with 1).
     torch.set_num_threads(max(1, int(cpus)))
     task = get_task(task_name)
     cfg = task.make_config(task_params(config))
-    task.train(cfg, TuneSession())
+    task.train(cfg, TuneSession(record.resume if record else None))
 
 
 def _train_worker_loop(loop_config: dict[str, Any]) -> None:
@@ -138,9 +182,17 @@ def _train_worker_loop(loop_config: dict[str, Any]) -> None:
 
 
 def run_trial_distributed(
-    config: dict[str, Any], task_name: str, workers: int, cpus: float, gpus: float, storage_path: str
+    config: dict[str, Any],
+    task_name: str,
+    workers: int,
+    cpus: float,
+    gpus: float,
+    storage_path: str,
+    ledger: Ledger | None = None,
 ) -> None:
     """Tune function trainable whose trial is a Ray Train TorchTrainer job over `workers` workers."""
+    if _replayed(ledger):
+        return
     import ray.train
     from ray import tune
     from ray.train.torch import TorchConfig, TorchTrainer

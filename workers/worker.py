@@ -2,7 +2,10 @@
 
 One sweep at a time per worker process. A heartbeat thread renews the lease and notices cancel
 requests. A worker that dies (kill -9) stops renewing; its lease expires, the sweep goes back to
-the queue, and the next worker resumes it with `Tuner.restore` from the same storage path.
+the queue, and the next worker resumes it with `Tuner.restore` from the same storage path, its ledger
+(workers.durability) deciding what is trained again. Every way an attempt ends closes what it opened:
+the MLflow runs and the trial rows match the sweep's end (`_close`), and runs the queue gave up on with
+no worker alive are closed by the next worker that polls (`close_abandoned`).
 """
 
 from __future__ import annotations
@@ -10,18 +13,22 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 import traceback
-import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from service.data_paths import data_path_errors
 from service.errors import LeaseLost
+from service.models import TrialState
 from service.queue import Claim, QueueStore
 from service.settings import Settings
 from service.spec import SweepSpec
+from workers.supervisor import local_worker_id, take_over_dead_local_leases
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +40,18 @@ RAY_ENV_DEFAULTS = {
     # TensorBoard files cost the driver ~5% of its loop (benchmarks/service_overhead.py). The JSON and
     # CSV loggers are named in the RunConfig (Tune's ResultGrid reads their files).
     "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
-    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "60",
     "TUNE_MAX_PENDING_TRIALS_PG": "8",
+    # How often Tune saves its experiment state (its default "auto" waits 10 s or more). A save a few
+    # seconds behind costs only repeated work after a kill: the ledger holds every end and checkpoint.
+    "TUNE_GLOBAL_CHECKPOINT_S": "5",
+    # Ctrl-C reaches the worker's own handler (a stop request, acted on by the callback) instead of Tune's.
+    "TUNE_DISABLE_SIGINT_HANDLER": "1",
+}
+WORKER_ENV_DEFAULTS = {
+    # MLflow's HTTP client retries a refused request for about 4 minutes by default, while a Tune callback
+    # that waits on it holds up every trial; the tracker keeps such writes back and delivers them later.
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
 }
 DB_OUTAGE_SECONDS = 900.0
 """How long the worker's queue writes wait out an unreachable database (a restart, a failover) before
@@ -60,22 +77,32 @@ def ensure_ray(settings: Settings) -> None:
         ray.init(num_cpus=settings.ray_num_cpus, include_dashboard=False, log_to_driver=False)
 
 
-def interrupt_tune() -> None:
-    """Interrupt a running Tuner.fit() the way Ctrl-C does: Tune saves its state with the running
-    trials still running, so that Tuner.restore resumes them. (A Stopper would instead mark them
-    finished.) Tune listens for SIGUSR1 while fit() runs; without its handler the signal would kill us.
-    """
-    handler = signal.getsignal(signal.SIGUSR1)
-    if callable(handler):
-        os.kill(os.getpid(), signal.SIGUSR1)
+@dataclass
+class StopRequests:
+    """Why this attempt should stop before its trials are done. Set from any thread; acted on by the
+    callback on Tune's own thread (`ProgressCallback.on_step_begin`)."""
+
+    cancel: threading.Event = field(default_factory=threading.Event)
+    lease_lost: threading.Event = field(default_factory=threading.Event)
+    shutdown: threading.Event = field(default_factory=threading.Event)
+    ending: threading.Event = field(default_factory=threading.Event)
+    """Set once the worker records the sweep's end (or gives it back): the lease then ends by design."""
+    interrupted: bool = False
+    """Whether the callback has ended fit() early for one of these requests."""
+
+    def any(self) -> bool:
+        return self.cancel.is_set() or self.lease_lost.is_set() or self.shutdown.is_set()
 
 
 class Worker:
     def __init__(self, settings: Settings, worker_id: str | None = None) -> None:
+        for k, v in WORKER_ENV_DEFAULTS.items():
+            os.environ.setdefault(k, v)
         self.settings = settings
         self.store = QueueStore(settings.queue_url, outage_seconds=DB_OUTAGE_SECONDS)
-        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.worker_id = worker_id or local_worker_id()
         self.shutdown = threading.Event()
+        self._stop: StopRequests | None = None  # the running attempt's stop requests, if any
         self._handles_signals = False
 
     def install_signal_handlers(self) -> None:
@@ -85,7 +112,8 @@ class Worker:
         def _graceful(signum: int, _frame: Any) -> None:
             log.warning("signal %s: stopping after giving the sweep back to the queue", signum)
             self.shutdown.set()
-            interrupt_tune()
+            if self._stop is not None:
+                self._stop.shutdown.set()
 
         signal.signal(signal.SIGTERM, _graceful)
         signal.signal(signal.SIGINT, _graceful)
@@ -94,19 +122,31 @@ class Worker:
         log.info("worker %s polling %s", self.worker_id, self.settings.queue_url)
         while not self.shutdown.is_set():
             try:
+                if self.settings.take_over_dead_leases:
+                    take_over_dead_local_leases(self.store)
                 claim = self.store.claim(self.worker_id, self.settings.lease_seconds)
             except Exception as exc:  # database down: keep polling, reconnect by itself
                 log.warning("claim failed (%s); retrying in %.0fs", exc, self.settings.poll_seconds)
                 self.shutdown.wait(self.settings.poll_seconds)
                 continue
             if claim is None:
+                self._close_abandoned()  # not before run_claim: nothing may delay a new lease's heartbeat
                 if exit_when_idle:
                     return
                 self.shutdown.wait(self.settings.poll_seconds)
                 continue
             self.run_claim(claim)
+            self._close_abandoned()
             if once:
                 return
+
+    def _close_abandoned(self) -> None:
+        from workers.durability import close_abandoned
+
+        try:
+            close_abandoned(self.settings, self.store)
+        except Exception as exc:  # never in the way of claiming
+            log.warning("closing the runs of abandoned sweeps failed: %s", exc)
 
     # --- one sweep ---------------------------------------------------------------------------
 
@@ -114,31 +154,57 @@ class Worker:
         # The lease is renewed from the moment of the claim: nothing slow may come first. (Importing
         # Ray and Tune takes seconds, 7 s on a loaded 2-core machine, longer than a short lease: a
         # second worker then took the sweep while the first was still importing and both ran it.)
+        stop = self._stop = StopRequests()
+        if self.shutdown.is_set():
+            stop.shutdown.set()
         stop_beat = threading.Event()
         live_holder: dict[str, Any] = {}
-        beat = threading.Thread(target=self._heartbeat, args=(claim, stop_beat, live_holder), daemon=True)
+        beat = threading.Thread(target=self._heartbeat, args=(claim, stop_beat, stop), daemon=True)
         beat.start()
-        try:
-            self._execute(claim, live_holder)
-        except LeaseLost as exc:
-            log.warning("%s", exc)
-        except Exception as exc:
-            live = live_holder.get("live")
-            if live is not None and live.lease_lost.is_set():
-                log.warning("sweep %s ended after the lease was lost: %s", claim.sweep_id, exc)
-            else:
-                reason = f"{type(exc).__name__}: {exc}"
-                log.error("sweep %s failed: %s\n%s", claim.sweep_id, reason, traceback.format_exc())
-                self._safe(lambda: live.tracker.end_parent("FAILED") if live else None)
-                self._safe(lambda: self.store.fail(claim, reason[:4000]))
-        finally:
-            stop_beat.set()
-            live = live_holder.get("live")
-            if live is not None:
-                from workers.sweep import LIVE  # imported by then: _execute registered the sweep there
+        with sweep_log(self.settings, claim.sweep_id):
+            try:
+                self._execute(claim, stop, live_holder)
+            except LeaseLost as exc:
+                log.warning("%s", exc)
+            except Exception as exc:
+                if stop.lease_lost.is_set():
+                    log.warning("sweep %s ended after the lease was lost: %s", claim.sweep_id, exc)
+                else:
+                    reason = failure_reason(exc)
+                    log.error("sweep %s failed: %s\n%s", claim.sweep_id, reason, traceback.format_exc())
+                    self._close(claim, live_holder.get("live"), "FAILED", reason)
+            finally:
+                stop_beat.set()
+                self._stop = None
+                live = live_holder.get("live")
+                if live is not None:
+                    from workers.callbacks import LIVE
 
-                LIVE.pop(claim.sweep_id, None)
-                self._safe(live.tracker.close)  # its writer thread, if any
+                    LIVE.pop(claim.sweep_id, None)
+                    self._safe(live.tracker.close)  # its writer thread, if any
+
+    def _close(self, claim: Claim, live: Any, status: str, reason: str) -> None:
+        """End a sweep that did not succeed: its open child runs and its parent run with `status`
+        (FAILED / KILLED), then the sweep and its unfinished trial rows (error / cancelled)."""
+        closed = live is not None
+        if live is not None:
+            try:
+                live.tracker.flush(wait_seconds=60)
+                live.tracker.end_open_trials(status)
+                live.tracker.log_summary()
+                live.tracker.end_parent(status)
+            except Exception as exc:  # MLflow away: the queue's closer tries again later
+                log.warning("sweep %s: could not close its MLflow runs: %s", claim.sweep_id, exc)
+                closed = False
+        try:
+            if self._stop is not None:
+                self._stop.ending.set()
+            if status == "KILLED":
+                self.store.cancelled(claim, reason, closed=closed)
+            else:
+                self.store.fail(claim, reason, closed=closed)
+        except Exception as exc:
+            log.warning("sweep %s: recording its end failed: %s", claim.sweep_id, exc)
 
     def _safe(self, fn: Any) -> None:
         try:
@@ -146,41 +212,31 @@ class Worker:
         except Exception as exc:
             log.warning("while recording a failure: %s", exc)
 
-    def _heartbeat(self, claim: Claim, stop: threading.Event, holder: dict[str, Any]) -> None:
-        while not stop.wait(self.settings.heartbeat_seconds):
-            live = holder.get("live")
+    def _heartbeat(self, claim: Claim, stop_beat: threading.Event, stop: StopRequests) -> None:
+        while not stop_beat.wait(self.settings.heartbeat_seconds):
             try:
                 cancel = self.store.heartbeat(claim, self.settings.lease_seconds)
             except LeaseLost as exc:
+                if stop.ending.is_set():  # the worker ended the sweep itself meanwhile
+                    return
                 log.error("%s", exc)
-                if live is not None:
-                    live.lease_lost.set()
-                    interrupt_tune()
+                stop.lease_lost.set()
                 return
             except Exception as exc:  # transient database trouble: try again next beat
                 log.warning("heartbeat for sweep %s failed: %s", claim.sweep_id, exc)
                 continue
-            if live is not None:
-                if cancel and not live.cancel.is_set():
-                    log.info("sweep %s: cancel requested", claim.sweep_id, extra={"action": "cancel"})
-                    live.cancel.set()
+            if cancel and not stop.cancel.is_set():
+                log.info("sweep %s: cancel requested", claim.sweep_id, extra={"action": "cancel"})
+                stop.cancel.set()
 
-    def _execute(self, claim: Claim, holder: dict[str, Any]) -> None:
+    def _execute(self, claim: Claim, stop: StopRequests, holder: dict[str, Any]) -> None:
         from ray import tune
-        from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
         from jobs.registry import get_task
-        from workers.sweep import (
-            LIVE,
-            CancelStopper,
-            LiveSweep,
-            ProgressCallback,
-            keep_experiment_state_restorable,
-            make_trainable,
-            make_tune_config,
-            param_space,
-            repair_experiment_state,
-        )
+        from workers.callbacks import LIVE, LiveSweep
+        from workers.durability import read_ledger
+        from workers.storage import tune_storage
+        from workers.sweep import make_run_config, make_trainable, make_tune_config, param_space
         from workers.tracking import MLFLOW_OUTAGE_SECONDS, SweepTracker
 
         spec = SweepSpec.model_validate(claim.spec)
@@ -194,61 +250,57 @@ class Worker:
             # ray.init installs its own SIGTERM handler (it aborts the driver); ours must win.
             self.install_signal_handlers()
         tracker = SweepTracker(self.settings, self.store, claim, spec)
-        live = LiveSweep(claim=claim, store=self.store, tracker=tracker, spec=spec)
+        ledger = read_ledger(self.store, claim.sweep_id)
+        live = LiveSweep(claim=claim, store=self.store, tracker=tracker, spec=spec, ledger=ledger, stop=stop)
         live.best = self.store.get(claim.sweep_id).best_metric
         LIVE[claim.sweep_id] = live
         holder["live"] = live
 
-        storage = self.settings.tune_storage
-        name = f"sweep-{claim.sweep_id}"
-        path = storage.rstrip("/") + "/" + name
-        trainable = make_trainable(spec, storage)
-        keep_experiment_state_restorable()
-        repair_experiment_state(path)
-        if tune.Tuner.can_restore(path):
+        storage, fs = tune_storage(self.settings.tune_storage)
+        path = f"{storage.rstrip('/')}/sweep-{claim.sweep_id}"
+        trainable = make_trainable(spec, self.settings.tune_storage, ledger)
+        if tune.Tuner.can_restore(path, storage_filesystem=fs):
             log.info("sweep %s: resuming %s", claim.sweep_id, path, extra={"action": "restore"})
-            tuner = tune.Tuner.restore(path, trainable=trainable, param_space=param_space(spec), resume_errored=True)
+            tuner = tune.Tuner.restore(
+                path, trainable=trainable, param_space=param_space(spec), resume_errored=True, storage_filesystem=fs
+            )
         else:
-            Path(storage).mkdir(parents=True, exist_ok=True) if "://" not in storage else None
+            if fs is not None:
+                Path(storage).mkdir(parents=True, exist_ok=True)
             tuner = tune.Tuner(
                 trainable,
                 param_space=param_space(spec),
                 tune_config=make_tune_config(spec),
-                run_config=tune.RunConfig(
-                    name=name,
-                    storage_path=storage,
-                    stop=CancelStopper(claim.sweep_id),
-                    callbacks=[
-                        ProgressCallback(claim.sweep_id, list(task.metrics)),
-                        JsonLoggerCallback(),  # type: ignore[no-untyped-call]
-                        CSVLoggerCallback(),  # type: ignore[no-untyped-call]
-                    ],
-                    failure_config=tune.FailureConfig(max_failures=spec.max_failures),
-                    checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-                    verbose=0,
-                ),
+                run_config=make_run_config(claim.sweep_id, spec, list(task.metrics), storage, fs),
             )
-        results = tuner.fit()
+        try:
+            results = tuner.fit()
+        except Exception:
+            if not stop.interrupted:
+                raise
+            log.info("sweep %s: fit() stopped on request", claim.sweep_id)
 
-        if live.lease_lost.is_set():
+        if stop.lease_lost.is_set():
             log.warning("sweep %s: lease lost; leaving the outcome to its new owner", claim.sweep_id)
             return
-        if self.shutdown.is_set() and not live.cancel.is_set():
+        if stop.cancel.is_set():
+            self._close(claim, live, "KILLED", "cancelled by request; finished trials are kept")
+            return
+        if stop.shutdown.is_set():
+            self.shutdown.set()
             tracker.flush(wait_seconds=10)  # writes still kept back now are lost (logged_iteration moved on)
+            stop.ending.set()
             self.store.requeue(claim, f"worker {self.worker_id} shut down; the sweep resumes on the next claim")
             return
         if not tracker.flush(wait_seconds=MLFLOW_OUTAGE_SECONDS):
             uri = self.settings.tracking_uri
             raise RuntimeError(f"MLflow at {uri} stayed unreachable; metrics of this sweep are missing there")
-        if live.cancel.is_set():
-            tracker.end_open_trials("KILLED")
-            tracker.log_summary()
-            tracker.end_parent("KILLED")
-            self.store.cancelled(claim, "cancelled by request; finished trials are kept")
-            return
+        reconcile(live, results)
+        tracker.flush(wait_seconds=MLFLOW_OUTAGE_SECONDS)
         self._finish(claim, spec, task, tracker, results)
 
     def _finish(self, claim: Claim, spec: SweepSpec, task: Any, tracker: Any, results: Any) -> None:
+        from workers.durability import prune_checkpoints
         from workers.registration import load_best_model, register_model
 
         ok = [r for r in results if r.error is None and r.metrics and spec.metric.name in r.metrics]
@@ -261,21 +313,10 @@ class Worker:
         summary = {"value": value, "trial_id": trial_id, "config": best.config}
         self.store.set_fields(claim, best_metric=value, best_config=best.config, best_trial_id=trial_id)
         if spec.register is not None:
-            model = None
-            if best.checkpoint is not None:
-                with best.checkpoint.as_directory() as d:
-                    model = load_best_model(task, best.config, d)
-            elif best.metrics.get("checkpoint_path"):  # a Ray Train trial: its checkpoint lives in Train's storage
-                import ray.train
-
-                with ray.train.Checkpoint(path=best.metrics["checkpoint_path"]).as_directory() as d:
-                    model = load_best_model(task, best.config, d)
-            if model is None:
-                raise RuntimeError(f"the best trial {trial_id} reported no checkpoint; cannot register a model")
             version = register_model(
                 self.settings.tracking_uri,
                 task=task,
-                model=model,
+                model=load_best_model(task, best.config, self._best_checkpoint(claim, trial_id, best)),
                 config=best.config,
                 name=spec.register.model,
                 alias=spec.register.alias,
@@ -292,7 +333,88 @@ class Worker:
         if summarize is not None:
             tracker.log_files(summarize(table_rows(results)), folder="summary")
         tracker.end_parent("FINISHED", summary)
+        if self._stop is not None:
+            self._stop.ending.set()
         self.store.finish(claim)
+        pruned = prune_checkpoints(self.store, claim.sweep_id)
+        log.info("sweep %s: kept each trial's last checkpoint, deleted %d older ones", claim.sweep_id, pruned)
+
+    def _best_checkpoint(self, claim: Claim, trial_id: str, best: Any) -> Path:
+        """A local folder holding the best trial's last checkpoint: the ledger's (Tune's restored view of a
+        trial that finished before a crash may name an older one), else Tune's, else Ray Train's."""
+        from ray import tune
+
+        row = next((t for t in self.store.trials(claim.sweep_id) if t.trial_id == trial_id), None)
+        if row is not None and row.checkpoint_path:
+            checkpoint = tune.Checkpoint(row.checkpoint_path)
+        elif best.checkpoint is not None:
+            checkpoint = best.checkpoint
+        elif best.metrics.get("checkpoint_path"):  # a Ray Train trial: its checkpoint lives in Train's storage
+            checkpoint = tune.Checkpoint(best.metrics["checkpoint_path"])
+        else:
+            raise RuntimeError(f"the best trial {trial_id} reported no checkpoint; cannot register a model")
+        return Path(checkpoint.to_directory())
+
+
+def reconcile(live: Any, results: Any) -> None:
+    """After fit() ran to its end, every trial row must have ended. One still open either finished in Tune's
+    restored state before the ledger heard of its end (it is in `results`: ended from there), or is a trial
+    Tune's restored state does not know and its searcher did not make again: lost."""
+    from workers.callbacks import end_trial
+
+    by_id = {str(r.metrics.get("trial_id")): r for r in results if r.metrics}
+    for t in live.store.trials(live.claim.sweep_id):
+        if t.state not in (TrialState.running, TrialState.pending):
+            continue
+        result = by_id.get(t.trial_id)
+        if result is not None:
+            failed = result.error is not None
+            state, status = (TrialState.error, "FAILED") if failed else (TrialState.terminated, "FINISHED")
+            end_trial(live, t.trial_id, state, status, result.metrics)
+            continue
+        log.warning("sweep %s: trial %s %s", live.claim.sweep_id, t.trial_id, LOST_REASON)
+        live.tracker.end_trial(t.trial_id, "FAILED", then=partial(_record_lost, live, t.trial_id))
+
+
+LOST_REASON = (
+    "lost: it started after Tune's last saved state, and the searcher does not make it again "
+    "(it suggested another trial in its place)"
+)
+
+
+def _record_lost(live: Any, trial_id: str) -> None:
+    live.store.trial_ended(live.claim.sweep_id, trial_id, TrialState.lost, reason=LOST_REASON)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """What failed, in one plain line (no terminal colour codes, no traceback: that goes to the log)."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first}"[:500] if first else type(exc).__name__
+
+
+@contextmanager
+def sweep_log(settings: Settings, sweep_id: int) -> Iterator[None]:
+    """The worker's log lines while it runs a sweep also go to `<home>/logs/sweeps/sweep-ID.log`
+    (`layerlab logs ID`)."""
+    folder = settings.home_abs / "logs" / "sweeps"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler | None = logging.FileHandler(folder / f"sweep-{sweep_id}.log")
+    except OSError as exc:
+        log.warning("cannot write the sweep's log under %s: %s", folder, exc)
+        handler = None
+    if handler is not None:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(handler)
+    try:
+        yield
+    finally:
+        if handler is not None:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
 
 
 def table_rows(results: Any) -> list[dict[str, Any]]:

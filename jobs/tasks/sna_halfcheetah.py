@@ -381,8 +381,9 @@ def update_actor_and_alpha(agent: Agent, obs: torch.Tensor) -> dict[str, float]:
 
 @torch.no_grad()
 def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
-    # t <- t + τ (s - t) = τ s + (1 - τ) t, for every tensor in one call (torch.optim's own multi-tensor op)
-    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
+    # t <- t + τ (s - t) = τ s + (1 - τ) t (Tensor.lerp_, public; torch's multi-tensor form is private)
+    for t, s in zip(target.parameters(), source.parameters(), strict=True):
+        t.lerp_(s, tau)
 
 
 @torch.no_grad()

@@ -391,7 +391,7 @@ def test_searched_values_cannot_climb_out_of_the_tune_folder(tmp_path: Path) -> 
     experiment = tmp_path / "sweep-1"
     generator = BasicVariantGenerator()
     generator.add_configurations(
-        {"sweep-1": {"run": make_trainable(spec, str(tmp_path)), "config": param_space(spec), "num_samples": 1}}
+        {"sweep-1": {"run": make_trainable(spec, str(tmp_path), {}), "config": param_space(spec), "num_samples": 1}}
     )
     seen = []
     while (trial := generator.next_trial()) is not None:

@@ -59,7 +59,15 @@ def test_six_trial_sweep_registers_a_loadable_model(workers: Stack, tmp_path: Pa
     stack.start_worker("w1")
     s = stack.wait_state(submitted["id"], ("succeeded", "failed", "cancelled"), timeout=240)
     assert s["state"] == "succeeded", s
-    assert s["trials"] == {"total": 6, "pending": 0, "running": 0, "finished": 6, "errored": 0}
+    assert s["trials"] == {
+        "total": 6,
+        "pending": 0,
+        "running": 0,
+        "finished": 6,
+        "errored": 0,
+        "cancelled": 0,
+        "lost": 0,
+    }
     assert s["best_metric"] == 1.0 and s["best_config"]["intersection"] in ("product", "mean", "softmin")
     assert s["model"]["name"] == "e2e-xor" and s["model"]["uri"] == "models:/e2e-xor@champion"
     assert s["mlflow"]["parent_run_url"].endswith(f"/runs/{s['mlflow']['parent_run_id']}")
@@ -68,6 +76,8 @@ def test_six_trial_sweep_registers_a_loadable_model(workers: Stack, tmp_path: Pa
     client = stack.mlflow()
     exp = client.get_experiment_by_name("e2e-xor")
     assert exp is not None and exp.experiment_id == s["mlflow"]["experiment_id"]
+    # The UI opens it on its training runs, not on MLflow 3's GenAI overview.
+    assert exp.tags.get("mlflow.experimentKind") == "custom_model_development", exp.tags
     runs = client.search_runs([exp.experiment_id], max_results=100)
     parents = [r for r in runs if r.data.tags.get("layerlab.role") == "parent"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]

@@ -1,4 +1,5 @@
-"""`layerlab up --detach`, a sweep, `layerlab down`: the stack stops promptly and leaves no process behind.
+"""`layerlab up --detach`, a sweep, `layerlab down`: the stack stops promptly and leaves no process behind;
+and its supervised worker, killed mid-sweep, is replaced by one that takes the sweep over at once.
 
 `down` used to send SIGTERM to each process group, the worker's local Ray included: the worker then spent
 the whole grace period (30 s) retrying its dead Ray at a full core, and was killed.
@@ -14,8 +15,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.e2e.conftest import LAYERLAB, free_port
+from service.queue import QueueStore
+from service.settings import Settings
+from tests.e2e.conftest import LAYERLAB, free_port, wait_until
 
+LONG = """\
+name: up-down-kill
+task: tversky.xor
+metric: {name: accuracy, mode: max}
+params: {steps: 3000, report_every: 100, features: 4}
+space: {seed: {grid: [0, 1]}}
+resources: {cpus: 1}
+"""
 SPEC = """\
 name: up-down
 task: tversky.xor
@@ -60,7 +71,25 @@ def test_down_after_a_sweep_stops_every_process_within_seconds(tmp_path: Path) -
         spec.write_text(SPEC)
         done = subprocess.run([LAYERLAB, "submit", str(spec), "--wait"], env=env, timeout=300, capture_output=True)
         assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
-        assert len(_group(pids["worker"])) > 1, "the worker's local Ray should be running in its group"
+        worker = int((tmp_path / "worker.pid").read_text())  # the supervised worker, in a group of its own
+        assert len(_group(worker)) > 1, "the worker's local Ray should be running in its group"
+
+        # kill -9 of the worker and its Ray mid-sweep: the supervisor starts another, which takes over at once
+        spec.write_text(LONG)
+        sweep_id = _submit(spec, env)
+        store = QueueStore(Settings(home=tmp_path).queue_url)
+        wait_until(lambda: sum(t.iteration for t in store.trials(sweep_id)) >= 4, 180, "the trials to report")
+        os.killpg(worker, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_until(lambda: int((tmp_path / "worker.pid").read_text()) != worker, 30, "a new worker")
+        wait_until(lambda: store.get(sweep_id).attempts == 2, 60, "the new worker to take the sweep over")
+        took_over = time.monotonic() - killed
+        assert took_over < 30, f"the sweep waited {took_over:.0f}s: as long as a lease, not taken over"
+        done = subprocess.run([LAYERLAB, "watch", str(sweep_id)], env=env, timeout=300, capture_output=True)
+        assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+        assert "lease_expired" in [e.action for e in store.events(sweep_id)]
+        worker = int((tmp_path / "worker.pid").read_text())
+        pids["worker-child"] = worker
 
         start = time.monotonic()
         subprocess.run([LAYERLAB, "down"], env=env, check=True, timeout=120, capture_output=True)
@@ -77,3 +106,9 @@ def test_down_after_a_sweep_stops_every_process_within_seconds(tmp_path: Path) -
                 os.killpg(pgid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def _submit(spec: Path, env: dict[str, str]) -> int:
+    done = subprocess.run([LAYERLAB, "submit", str(spec)], env=env, timeout=120, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return int(done.stdout.split()[2])  # "submitted sweep ID (...)"

@@ -11,6 +11,7 @@ import pytest
 
 from service.queue import QueueStore
 from service.settings import Settings
+from tests.faults.conftest import assert_tracked_once
 
 from .conftest import Stack, wait_until
 
@@ -131,18 +132,24 @@ max_concurrent_trials: 1
 """
 
 
-def test_sigterm_gives_the_sweep_back_and_the_next_worker_finishes_it(workers: Stack) -> None:
+def test_sigterm_and_ctrl_c_give_the_sweep_back_and_the_next_worker_finishes_it(workers: Stack) -> None:
+    """SIGTERM (`docker stop`, a rolling deploy) and SIGINT (Ctrl-C; Tune's own handler takes it while fit()
+    runs) each hand the sweep back with its trials resumable; nothing is run or logged twice."""
     stack, store = workers, _store(workers)
     sweep_id = stack.submit(GRACEFUL)["id"]
-    first = stack.start_worker("leaving")
-    wait_until(lambda: any(t.iteration >= 2 for t in store.trials(sweep_id)), 180, "a trial to report twice")
-    first.send_signal(signal.SIGTERM)  # the worker alone, as `docker stop` or a rolling deploy would
-    assert first.wait(timeout=60) == 0
-    s = stack.sweep(sweep_id)
-    assert s["state"] == "queued" and s["attempts"] == 1 and s["reason"] is None, s
-    assert [e.action for e in store.events(sweep_id)][-1] == "requeue"
+    for attempt, signum in enumerate((signal.SIGTERM, signal.SIGINT), start=1):
+        worker = stack.start_worker(f"leaving-{signum.name}")
+        done = sum(t.iteration for t in store.trials(sweep_id))
+        wait_until(lambda d=done: sum(t.iteration for t in store.trials(sweep_id)) >= d + 2, 180, "two more reports")
+        worker.send_signal(signum)  # the worker alone, not its process group
+        assert worker.wait(timeout=60) == 0, signum.name
+        s = stack.sweep(sweep_id)
+        assert s["state"] == "queued" and s["attempts"] == attempt and s["reason"] is None, (signum.name, s)
+        assert [e.action for e in store.events(sweep_id)][-1] == "requeue"
 
     stack.start_worker("next")
     s = stack.wait_state(sweep_id, ("succeeded", "failed", "cancelled"), timeout=240)
-    assert s["state"] == "succeeded" and s["attempts"] == 2, s
-    assert all(t.iteration == 30 for t in store.trials(sweep_id))
+    assert s["state"] == "succeeded" and s["attempts"] == 3, s
+    trials = store.trials(sweep_id)
+    assert all(t.iteration == 30 and t.logged_iteration == 30 for t in trials)
+    assert_tracked_once(stack.mlflow(), "graceful-xor", {t.trial_id: 30 for t in trials}, "accuracy")

@@ -95,3 +95,7 @@ def test_five_kills_in_a_row_and_the_sweep_still_finishes(workers: Stack, ray: R
     for trial_id, before in finished_starts.items():
         assert starts[trial_id] == before, f"finished trial {trial_id} was started again after a kill"
     assert_tracked_once(stack.mlflow(), "kill-5x", {t.trial_id: ITERATIONS for t in trials}, "loss")
+    # A recovery that went right is no error: no worker logged one (Tune's and Ray's lines included).
+    errors = [line for log in stack.home.glob("worker-*.log") for line in log.read_text().splitlines()]
+    errors = [line for line in errors if " ERROR " in line or "\tERROR " in line]
+    assert errors == [], errors[:5]

@@ -1,6 +1,6 @@
 """The recovery mechanisms the fault tests rely on, one at a time and in seconds: a lease across a
-database restart, worker calls waiting out an outage, the repair of a Tune state file cut short by a
-kill, which MLflow failures count as the server being away, and a metric a kill kept from MLflow."""
+database restart, worker calls waiting out an outage, Tune's storage writing whole files only, which
+MLflow failures count as the server being away, and a metric a kill kept from MLflow."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from service.settings import Settings
 from service.spec import SweepSpec, parse_spec
 from tests.e2e.conftest import free_port
 from workers.mlflow_store import unreachable
-from workers.sweep import STATE_BACKUP, _sync_folder, _upload_state_files, repair_experiment_state
+from workers.storage import tune_storage
 from workers.tracking import SweepTracker
 
 from .conftest import PrivatePostgres, actions, private_postgres
@@ -85,119 +85,56 @@ def test_a_worker_call_gives_up_after_outage_seconds(pg: PrivatePostgres) -> Non
         pg.start()
 
 
-def _state(folder: Path, session: str, content: str, backup: str | None = None) -> Path:
-    state = folder / f"experiment_state-{session}.json"
-    state.write_text(content)
-    if backup is not None:
-        state.with_name(state.name + STATE_BACKUP).write_text(backup)
-    return state
+def test_a_storage_write_cut_short_leaves_the_old_file_whole(tmp_path: Path) -> None:
+    """What a kill -9 in the middle of Tune's copy of a state file leaves at the storage path: the file
+    as it was (the new bytes wait under a temporary name that no reader opens)."""
+    _, fs = tune_storage(str(tmp_path))
+    assert fs is not None
+    state = tmp_path / "experiment_state-x.json"
+    state.write_text('{"whole": "old"}')
+    out = fs.open_output_stream(str(state))
+    out.write(b'{"whole": "n')  # the writer dies here: no close()
+    assert json.loads(state.read_text()) == {"whole": "old"}
+    del out  # (pyarrow closes a stream it collects; a killed process never gets that far)
+    with fs.open_output_stream(str(state)) as whole:
+        whole.write(b'{"whole": "new"}')
+    assert json.loads(state.read_text()) == {"whole": "new"}
 
 
-def test_a_state_file_cut_short_is_repaired_before_a_restore(tmp_path: Path) -> None:
-    intact = _state(tmp_path, "a", '{"trial_data": [1]}', backup='{"trial_data": []}')
-    cut = _state(tmp_path, "b", '{"trial_data": [1, 2', backup='{"trial_data": [1]}')
-    empty = _state(tmp_path, "c", "", backup="")  # killed while copying both
-    first = _state(tmp_path, "d", '{"tri')  # killed in its first write: no previous version
-    repair_experiment_state(str(tmp_path))
-    assert json.loads(intact.read_text()) == {"trial_data": [1]}
-    assert json.loads(cut.read_text()) == {"trial_data": [1]}
-    assert not empty.exists() and not first.exists()
-    assert sorted(p.name for p in tmp_path.glob("experiment_state-*.json")) == [intact.name, cut.name]
+@pytest.mark.parametrize("torn", [b"", b'{"trial_data": [', pickle.dumps({"searcher": 1})[:-3]])
+def test_a_torn_copy_of_a_state_file_never_replaces_a_whole_one(tmp_path: Path, torn: bytes) -> None:
+    """Tune rewrites its state files in place while its background copy may be reading them: a copy that
+    read one half-written arrives whole but torn. It is dropped, old file or none."""
+    _, fs = tune_storage(str(tmp_path))
+    assert fs is not None
+    state, new_session = tmp_path / "experiment_state-a.json", tmp_path / "experiment_state-b.json"
+    state.write_text('{"whole": "old"}')
+    for target in (state, new_session):
+        with fs.open_output_stream(str(target)) as out:
+            out.write(torn)
+    assert json.loads(state.read_text()) == {"whole": "old"}
+    assert not new_session.exists()
+    searcher = tmp_path / "basic-variant-state-a.json"  # a pickle, whatever its suffix
+    with fs.open_output_stream(str(searcher)) as out:
+        out.write(pickle.dumps({"searcher": 2}))
+    assert pickle.loads(searcher.read_bytes()) == {"searcher": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [searcher.name, state.name]  # no temp file left
 
 
-def test_a_searcher_state_cut_short_is_repaired_too(tmp_path: Path) -> None:
-    # Seen in tests/faults: a kill while the folder was copied left an empty searcher file, and Tune
-    # then started the experiment again from scratch.
-    whole = pickle.dumps({"counter": 3})
-    searcher = tmp_path / "basic-variant-state-b.json"  # a pickle, whatever its suffix
-    searcher.write_bytes(b"")
-    searcher.with_name(searcher.name + STATE_BACKUP).write_bytes(whole)
-    callbacks = tmp_path / "callback-states-b.pkl"
-    callbacks.write_bytes(whole[:5])  # cut short, no previous version
-    kept = tmp_path / "searcher-state-b.pkl"
-    kept.write_bytes(whole)
-    repair_experiment_state(str(tmp_path))
-    assert pickle.loads(searcher.read_bytes()) == {"counter": 3}
-    assert not callbacks.exists()
-    assert pickle.loads(kept.read_bytes()) == {"counter": 3}
+def test_the_atomic_storage_travels_to_trial_processes_and_copies_folders(tmp_path: Path) -> None:
+    import pyarrow.fs as pafs
 
-
-def test_uploaded_state_files_survive_a_restore_that_stages_into_their_folder(tmp_path: Path) -> None:
-    # A restore copies the stored state into a staging folder, which can be the one the files were
-    # uploaded from. Hard-linked uploads were truncated by that copy (seen in tests/faults: empty
-    # state files, and Tune started the sweep over); uploads are copies, renamed into place.
-    import os
-    from types import SimpleNamespace
-
-    import pyarrow.fs
-    from ray.train._internal.storage import _download_from_fs_path
-
-    staging, stored = tmp_path / "driver_artifacts", tmp_path / "sweep-1"
-    staging.mkdir()
-    state = staging / "experiment_state-S1.json"
-    state.write_text('{"trial_data": ["first"]}')
-    storage = SimpleNamespace(
-        storage_filesystem=pyarrow.fs.LocalFileSystem(),
-        experiment_fs_path=str(stored),
-        experiment_driver_staging_path=str(staging),
-    )
-    uploaded: dict[str, tuple[int, int]] = {}
-    _upload_state_files(storage, [state], uploaded)
-    _upload_state_files(storage, [state], uploaded)  # unchanged: nothing to do
-    _download_from_fs_path(fs=pyarrow.fs.LocalFileSystem(), fs_path=str(stored), local_path=str(staging))
-    assert json.loads((stored / state.name).read_text()) == {"trial_data": ["first"]}
-    assert sorted(p.name for p in stored.iterdir()) == [state.name]  # no temp file left behind
-
-    # Unchanged since its upload: not copied again. Replaced (as save_to_dir does): copied.
-    _upload_state_files(storage, [state], uploaded)
-    (stored / state.name).write_text("marker")
-    _upload_state_files(storage, [state], uploaded)
-    assert (stored / state.name).read_text() == "marker"
-    state.with_name("new").write_text('{"trial_data": ["second"]}')
-    os.replace(state.with_name("new"), state)
-    _upload_state_files(storage, [state], uploaded)
-    assert json.loads((stored / state.name).read_text()) == {"trial_data": ["second"]}
-
-
-def test_the_folder_copy_sends_changed_files_and_leaves_the_state_files_to_their_upload(tmp_path: Path) -> None:
-    # The state files are uploaded atomically (above); a plain copy over them could be cut short by a
-    # kill. The rest of the folder is copied as it changes, each file once per change.
-    from types import SimpleNamespace
-
-    import pyarrow.fs
-
-    staging, stored = tmp_path / "driver_artifacts", tmp_path / "sweep-1"
-    (staging / "trial_a").mkdir(parents=True)
-    (staging / "experiment_state-S1.json").write_text("{}")
-    (staging / "basic-variant-state-S1.json").write_bytes(pickle.dumps({}))
-    (staging / "basic-variant-state-S1.json.partial").write_text("half")
-    (staging / "trial_a" / "result.json").write_text('{"step": 1}\n')
-    (staging / "tuner.pkl").write_bytes(b"tuner")
-    storage = SimpleNamespace(
-        storage_filesystem=pyarrow.fs.LocalFileSystem(),
-        experiment_fs_path=str(stored),
-        experiment_driver_staging_path=str(staging),
-    )
-    copied: dict[str, tuple[int, int]] = {}
-    _sync_folder(storage, wait=False, copied=copied)
-    found = sorted(str(p.relative_to(stored)) for p in stored.rglob("*") if p.is_file())
-    assert found == ["trial_a/result.json", "tuner.pkl"]
-
-    (stored / "tuner.pkl").write_bytes(b"marker")  # unchanged in staging: not copied again
-    with open(staging / "trial_a" / "result.json", "a") as f:
-        f.write('{"step": 2}\n')
-    (staging / "trial_b").mkdir()
-    (staging / "trial_b" / "progress.csv").write_text("step\n1\n")
-    _sync_folder(storage, wait=True, copied=copied)
-    assert (stored / "tuner.pkl").read_bytes() == b"marker"
-    assert (stored / "trial_a" / "result.json").read_text() == '{"step": 1}\n{"step": 2}\n'
-    assert (stored / "trial_b" / "progress.csv").read_text() == "step\n1\n"
-    assert not (stored / "experiment_state-S1.json").exists()
-
-
-def test_remote_storage_is_left_alone(tmp_path: Path) -> None:
-    repair_experiment_state("s3://bucket/tune/sweep-1")  # an object store holds whole files only
-    repair_experiment_state(str(tmp_path / "not-there"))
+    _, fs = tune_storage(str(tmp_path / "store"))
+    assert fs is not None
+    again = pickle.loads(pickle.dumps(fs))  # Tune ships its storage context (with the filesystem) to trials
+    source = tmp_path / "staging"
+    (source / "trial").mkdir(parents=True)
+    (source / "trial" / "result.json").write_text("{}")
+    (source / "experiment_state-x.json").write_text("[]")
+    pafs.copy_files(str(source), str(tmp_path / "store" / "exp"), destination_filesystem=again)
+    copied = sorted(p.relative_to(tmp_path / "store").as_posix() for p in (tmp_path / "store").rglob("*"))
+    assert copied == ["exp", "exp/experiment_state-x.json", "exp/trial", "exp/trial/result.json"]
+    assert tune_storage("s3://bucket/tune") == ("s3://bucket/tune", None)
 
 
 def test_an_mlflow_server_that_does_not_answer_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:

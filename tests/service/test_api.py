@@ -65,7 +65,15 @@ def test_submit_yaml(client: TestClient, demo_yaml: str) -> None:
     )
     assert (body["attempts"], body["max_attempts"], body["cancel_requested"]) == (0, 2, False)
     assert body["metric"] == {"name": "accuracy", "mode": "max"}
-    assert body["trials"] == {"total": 24, "pending": 24, "running": 0, "finished": 0, "errored": 0}
+    assert body["trials"] == {
+        "total": 24,
+        "pending": 24,
+        "running": 0,
+        "finished": 0,
+        "errored": 0,
+        "cancelled": 0,
+        "lost": 0,
+    }
     assert body["mlflow"] == {
         "experiment_id": None,
         "parent_run_id": None,
@@ -117,7 +125,7 @@ def test_invalid_json_spec_is_422(client: TestClient, demo_dict: dict[str, Any])
     assert resp.status_code == 422
     errors = resp.json()["detail"]["errors"]
     assert errors[0] == "resources.cpus: must be greater than 0, got 0"
-    assert errors[1].startswith("bogus: unknown key; allowed keys: max_concurrent_trials, max_failures, metric")
+    assert errors[1].startswith("bogus: unknown key; allowed keys: max_attempts, max_concurrent_trials, max_failures")
     assert len(errors) == 2
 
 

@@ -183,7 +183,8 @@ def test_metrics_count_sweeps_claims_and_trials(
     assert samples[("layerlab_sweeps", (("state", "succeeded"),))] == 1
     assert samples[("layerlab_sweep_claims_total", ())] == 1
     assert samples[("layerlab_trials", (("state", "terminated"),))] == 1
-    assert samples[("layerlab_trials", (("state", "running"),))] == 1
+    # t2 never ended: the sweep's end closes it (every ending leaves every trial row in a terminal state)
+    assert samples[("layerlab_trials", (("state", "lost"),))] == 1
     assert samples[("layerlab_sweep_duration_seconds_count", (("state", "succeeded"),))] == 1
     assert samples[("layerlab_sweep_duration_seconds_bucket", (("le", "60.0"), ("state", "succeeded")))] == 1
 

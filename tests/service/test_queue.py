@@ -47,7 +47,7 @@ def test_submit_stores_the_spec(store: QueueStore, make_spec: MakeSpec) -> None:
     got = store.get(sweep.id)
     assert (got.name, got.task, got.state, got.priority) == ("stored", "tversky.xor", "queued", 70)
     assert (got.trials_total, got.metric_name, got.metric_mode) == (24, "accuracy", "max")
-    assert (got.attempts, got.max_attempts, got.cancel_requested) == (0, 3, False)
+    assert (got.attempts, got.max_attempts, got.cancel_requested) == (0, 5, False)
     assert got.spec == spec.model_dump(mode="json") and got.spec_yaml == "name: stored\n"
     assert [e.action for e in store.events(sweep.id)] == ["submit"]
     assert [s.id for s in store.list_sweeps()] == [sweep.id]

@@ -1,4 +1,4 @@
-"""/sweeps: submit, list, show, cancel."""
+"""/sweeps: submit, list, show, cancel, resume."""
 
 from __future__ import annotations
 
@@ -160,4 +160,25 @@ def cancel_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, prin
             403, f"sweep {sweep_id} belongs to {owner or 'no one'}; only its owner or an admin can cancel it"
         )
     sweep = store.cancel(sweep_id)
+    return SweepPublic.build(sweep, store.trial_counts(sweep_id), settings.mlflow_ui_url)
+
+
+@router.post(
+    "/{sweep_id}/resume",
+    response_model=SweepPublic,
+    responses={
+        403: _error("the sweep belongs to another user"),
+        404: _error("no sweep with this id"),
+        409: _error("the sweep is queued, running or succeeded"),
+    },
+)
+def resume_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, principal: PrincipalDep) -> SweepPublic:
+    """Put a failed or cancelled sweep back in the queue with fresh attempts. It continues from its Tune
+    state and its runs: finished trials are kept, nothing is run or logged twice. Owner or admin only."""
+    owner = store.get(sweep_id).owner
+    if owner != principal.user and not principal.admin:
+        raise HTTPException(
+            403, f"sweep {sweep_id} belongs to {owner or 'no one'}; only its owner or an admin can resume it"
+        )
+    sweep = store.resume(sweep_id)
     return SweepPublic.build(sweep, store.trial_counts(sweep_id), settings.mlflow_ui_url)

@@ -1,0 +1,164 @@
+"""The Tune callback that reports a sweep's trials to the queue (its ledger) and to MLflow, and the live
+context it reads.
+
+Tune pickles the RunConfig's callbacks into the experiment folder and `Tuner.restore` brings back those
+objects, not new ones. So the callback holds only the sweep id and looks up the live context (this
+attempt's claim, store, tracker, ledger, stop requests) in `LIVE`, which the worker fills before fit() and
+clears after.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ray import tune
+
+from service.models import TrialState
+from service.queue import Claim, QueueStore
+from service.spec import SweepSpec
+from workers.durability import ITERATION_KEY, REPLAYED_KEY, Ledger, checkpoint_uri, finished_result
+from workers.tracking import SweepTracker
+from workers.trainable import ARTIFACTS_KEY, NODE_KEY
+
+if TYPE_CHECKING:
+    from workers.worker import StopRequests
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LiveSweep:
+    claim: Claim
+    store: QueueStore
+    tracker: SweepTracker
+    spec: SweepSpec
+    ledger: Ledger
+    stop: StopRequests
+    best: float | None = None
+    seen: set[str] = field(default_factory=set)
+    """Trial ids Tune has run or restored in this attempt."""
+    iterations: dict[str, int] = field(default_factory=dict)
+    """Trial id -> the iteration of its latest result (the one a checkpoint comes with)."""
+
+
+LIVE: dict[int, LiveSweep] = {}
+
+
+def numeric(result: dict[str, Any], keys: Any) -> dict[str, float]:
+    out = {}
+    for k in keys:
+        v = result.get(k)
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            out[k] = float(v)
+    return out
+
+
+class FitInterrupted(Exception):
+    """Raised by the callback on Tune's thread to end fit() early (cancel, shutdown, a lost lease)."""
+
+
+class ProgressCallback(tune.Callback):
+    """Driver-side: trial progress to the ledger, metrics to the trial's MLflow child run."""
+
+    def __init__(self, sweep_id: int, metric_keys: list[str]) -> None:
+        self.sweep_id = sweep_id
+        self.metric_keys = metric_keys
+
+    @property
+    def live(self) -> LiveSweep | None:
+        return LIVE.get(self.sweep_id)
+
+    def _finished_before(self, live: LiveSweep, trial_id: str) -> bool:
+        record = live.ledger.get(trial_id)
+        return record is not None and record.final_result is not None
+
+    def on_step_begin(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        live = self.live
+        if live is None:
+            return
+        live.seen.update(t.trial_id for t in trials)
+        if live.stop.any():
+            # Out of fit() the way a crash leaves it (Tune ends the trials' actors and re-raises), which is
+            # what the ledger is for: the stored state keeps the running trials resumable, and a restore
+            # from it is exactly a restore after kill -9. (Tune's SIGINT handler, which saves once more
+            # first, is off in workers: TUNE_DISABLE_SIGINT_HANDLER, so that Ctrl-C reaches the worker.)
+            live.stop.interrupted = True
+            raise FitInterrupted(f"sweep {self.sweep_id}: stop requested")
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        live = self.live
+        if live is None or self._finished_before(live, trial.trial_id):
+            return
+        live.store.trial_started(self.sweep_id, trial.trial_id, dict(trial.config))
+        live.tracker.start_trial(trial.trial_id, dict(trial.config))
+
+    def on_trial_result(
+        self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
+    ) -> None:
+        # The files leave the result here (Tune lets callbacks change it in place): else Tune keeps
+        # them as the trial's last result, in every save of the experiment state and in result.json.
+        files = result.pop(ARTIFACTS_KEY, None)
+        live = self.live
+        if live is None or result.get(REPLAYED_KEY):
+            return
+        step = int(result.get(ITERATION_KEY) or result.get("training_iteration", 0))
+        live.iterations[trial.trial_id] = step
+        if isinstance(files, dict) and files:
+            live.tracker.log_trial_files(trial.trial_id, {k: base64.b64decode(v) for k, v in files.items()})
+        metrics = numeric(result, self.metric_keys)
+        node = result.get(NODE_KEY)
+        # The high-water mark makes logging idempotent: a trial resumed from an older checkpoint reports
+        # iterations that were already logged before the crash; those are skipped.
+        first_time = live.store.trial_result(
+            self.sweep_id, trial.trial_id, step, metrics, node_id=node if isinstance(node, str) else None,
+            to_log=bool(metrics),
+        )  # fmt: skip
+        if first_time:
+            live.tracker.log_trial_metrics(trial.trial_id, metrics, step)
+        elif metrics:
+            live.tracker.log_replayed_metrics(trial.trial_id, metrics, step)
+        value = metrics.get(live.spec.metric.name)
+        if value is not None and _better(value, live.best, live.spec.metric.mode or "max"):
+            live.best = value
+            live.store.set_fields(
+                live.claim, best_metric=value, best_config=dict(trial.config), best_trial_id=trial.trial_id
+            )
+
+    def on_checkpoint(self, iteration: int, trials: list[Any], trial: Any, checkpoint: Any, **info: Any) -> None:
+        live = self.live
+        if live is None or self._finished_before(live, trial.trial_id):
+            return
+        step = live.iterations.get(trial.trial_id, 0)
+        live.store.trial_checkpoint(self.sweep_id, trial.trial_id, checkpoint_uri(checkpoint), step)
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._ended(trial, TrialState.terminated, "FINISHED")
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._ended(trial, TrialState.error, "FAILED")
+
+    def _ended(self, trial: Any, state: TrialState, status: str) -> None:
+        live = self.live
+        if live is None or self._finished_before(live, trial.trial_id):
+            return
+        end_trial(live, trial.trial_id, state, status, trial.last_result or {})
+
+
+def end_trial(live: LiveSweep, trial_id: str, state: TrialState, status: str, last_result: dict[str, Any]) -> None:
+    """MLflow first, then the ledger: once the ledger calls a trial finished it is never run again, so its
+    run must be ended by then (a kill in between leaves the trial to run on from its checkpoint)."""
+    final = finished_result(last_result) if state == TrialState.terminated else None
+    reason = None if state == TrialState.terminated else "the trial failed (its retries used up); see the worker log"
+
+    def record() -> None:
+        live.store.trial_ended(live.claim.sweep_id, trial_id, state, final_result=final, reason=reason)
+
+    live.tracker.end_trial(trial_id, status, then=record)
+
+
+def _better(value: float, best: float | None, mode: str) -> bool:
+    return best is None or (value > best if mode == "max" else value < best)

@@ -1,0 +1,135 @@
+"""What makes a sweep survive a kill -9 of its worker: the queue's trial rows are the sweep's ledger.
+
+Tune saves its experiment state by its own rules (`TUNE_GLOBAL_CHECKPOINT_S`, every file written whole:
+workers.storage), so a restore may start from a state a few seconds behind the trials. The ledger is
+never behind: the driver records each trial's results, checkpoints and end as they happen. After a
+restore:
+- a trial the ledger holds as finished is not trained again: its trainable reports the stored final
+  result and returns (workers.trainable), and nothing about it is logged again (workers.callbacks);
+- an interrupted trial resumes from the newer of Tune's checkpoint and the ledger's;
+- results a trial reports again after resuming from an older checkpoint reach MLflow once (the ledger's
+  `logged_iteration`);
+- a trial that Tune's restored state does not know and its searcher does not make again (it started
+  after the last save under Optuna or unseeded random sampling) is closed as lost once the experiment has
+  run to its end, in the queue and in MLflow, with a reason (`reconcile`).
+Checkpoints are never deleted while the sweep runs (a restored state may name any of them; Tune fails a
+trial whose named checkpoint is gone): once it succeeds, each trial keeps its last one (`prune_checkpoints`).
+
+This module is imported inside trial processes too (the ledger travels to the trainable): keep its top
+level free of the service and of MLflow.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from service.queue import QueueStore
+    from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ITERATION_KEY = "layerlab_iteration"
+"""Result key: the trial's own report count, continued from the checkpoint it resumed from. The step of its
+metrics in the queue and MLflow (Tune's training_iteration restarts from Tune's checkpoint, which may be
+older than the one the trial resumed from)."""
+REPLAYED_KEY = "layerlab_replayed"
+"""Result key marking the stored final result of a trial that had finished before a restore."""
+TUNE_KEYS = frozenset(
+    {"timestamp", "checkpoint_dir_name", "should_checkpoint", "done", "training_iteration", "trial_id", "date",
+     "time_this_iter_s", "time_total_s", "pid", "hostname", "node_ip", "config", "time_since_restore",
+     "iterations_since_restore", "experiment_tag"}
+)  # fmt: skip
+"""Keys Tune adds to every result: left out of a trial's stored final result (Tune adds them again)."""
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """What the ledger tells a trial's trainable."""
+
+    final_result: dict[str, Any] | None
+    """Set once the trial finished: the trainable reports it and returns."""
+    resume: tuple[str, int] | None
+    """(checkpoint URI, iteration) of its newest checkpoint."""
+
+
+Ledger = dict[str, TrialRecord]
+"""Trial id -> record, as the queue held it when this attempt of the sweep started."""
+
+
+def read_ledger(store: QueueStore, sweep_id: int) -> Ledger:
+    ledger: Ledger = {}
+    for t in store.trials(sweep_id):
+        finished = t.final_result if t.state == "terminated" else None
+        resume = (t.checkpoint_path, t.checkpoint_iteration) if t.checkpoint_path else None
+        if finished is not None or resume is not None:
+            ledger[t.trial_id] = TrialRecord(finished, resume)
+    return ledger
+
+
+def finished_result(result: dict[str, Any]) -> dict[str, Any]:
+    """A finished trial's last result as the ledger keeps it: the task's own keys, JSON values only."""
+    import json
+
+    out = {}
+    for k, v in result.items():
+        if k in TUNE_KEYS or k.startswith("layerlab_"):
+            continue
+        try:
+            json.dumps(v, allow_nan=True)
+        except (TypeError, ValueError):
+            continue
+        out[k] = v
+    return out
+
+
+def checkpoint_uri(checkpoint: Any) -> str:
+    """A Tune checkpoint as one string that `ray.tune.Checkpoint(uri)` opens again: a local path, or
+    scheme://path on an object store."""
+    fs_type = checkpoint.filesystem.type_name
+    if fs_type == "local" or fs_type.startswith("py::"):
+        return str(checkpoint.path)
+    return f"{fs_type}://{checkpoint.path}"
+
+
+def prune_checkpoints(store: QueueStore, sweep_id: int) -> int:
+    """After a sweep succeeded: each trial's checkpoints but its last one are deleted (local storage only;
+    an object store's lifecycle rules are the operator's). Returns how many were deleted."""
+    deleted = 0
+    for t in store.trials(sweep_id):
+        if not t.checkpoint_path or "://" in t.checkpoint_path:
+            continue
+        last = Path(t.checkpoint_path)
+        for folder in last.parent.glob("checkpoint_*"):
+            if folder != last and folder.is_dir():
+                shutil.rmtree(folder, ignore_errors=True)
+                deleted += 1
+    return deleted
+
+
+def close_abandoned(settings: Settings, store: QueueStore) -> None:
+    """End the MLflow runs of sweeps that the queue gave up on while no worker of theirs was alive (their
+    last worker died on its last attempt), and move their unfinished trials to `error`."""
+    from service.models import SweepState, TrialState
+
+    for sweep in store.unclosed():
+        from mlflow.tracking import MlflowClient  # only when there is a sweep to close: it takes a second
+
+        status = "KILLED" if sweep.state == SweepState.cancelled else "FAILED"
+        client = MlflowClient(tracking_uri=settings.tracking_uri)
+        try:
+            for t in store.trials(sweep.id):
+                if t.mlflow_run_id and t.state not in ("terminated", "error", "cancelled", "lost"):
+                    client.set_terminated(t.mlflow_run_id, status=status)
+            if sweep.mlflow_parent_run_id:
+                client.set_terminated(sweep.mlflow_parent_run_id, status=status)
+        except Exception as exc:  # MLflow away: the next poll tries again
+            log.warning("sweep %s: cannot close its MLflow runs yet: %s", sweep.id, exc)
+            continue
+        state = TrialState.cancelled if sweep.state == SweepState.cancelled else TrialState.error
+        if store.mark_closed(sweep.id, state, sweep.reason or sweep.state):
+            log.info("sweep %s (%s): closed its MLflow runs", sweep.id, sweep.state, extra={"action": "close"})
