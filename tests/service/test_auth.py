@@ -86,6 +86,34 @@ def test_a_sweep_belongs_to_its_submitter_and_only_they_or_an_admin_cancel_it(
     assert client.post(f"/sweeps/{second['id']}/cancel", headers=auth(tokens["root"])).json()["state"] == "cancelled"
 
 
+def test_only_the_owner_or_an_admin_resumes_a_failed_or_cancelled_sweep(
+    app_and_tokens: tuple[TestClient, dict[str, str]], demo_dict: dict[str, Any]
+) -> None:
+    client, tokens = app_and_tokens
+    store: QueueStore = client.app.state.store  # type: ignore[attr-defined]
+    sweep = submit_as(client, tokens["alice"], {**demo_dict, "max_attempts": 2})
+    resp = client.post(f"/sweeps/{sweep['id']}/resume", headers=auth(tokens["alice"]))
+    assert resp.status_code == 409
+    assert resp.json() == {
+        "detail": f"sweep {sweep['id']} is queued; cannot resume it (only a failed or cancelled sweep resumes)"
+    }
+    claim = store.claim("w1", lease_seconds=30)
+    assert claim is not None and claim.sweep_id == sweep["id"]
+    store.trial_started(claim.sweep_id, "t1", {})
+    store.fail(claim, "boom")
+    assert [t.state for t in store.trials(claim.sweep_id)] == ["error"]  # every ending closes the trial rows
+    resp = client.post(f"/sweeps/{sweep['id']}/resume", headers=auth(tokens["bob"]))
+    assert resp.status_code == 403
+    assert resp.json() == {"detail": f"sweep {sweep['id']} belongs to alice; only its owner or an admin can resume it"}
+    ok = client.post(f"/sweeps/{sweep['id']}/resume", headers=auth(tokens["root"]))
+    assert ok.status_code == 200, ok.text
+    body = ok.json()
+    assert (body["state"], body["attempts"], body["max_attempts"], body["reason"]) == ("queued", 1, 3, None)
+    again = store.claim("w2", lease_seconds=30)
+    assert again is not None and again.attempt == 2  # the attempt counter goes on: w1 stays fenced out
+    assert [e.action for e in store.events(sweep["id"])][-3:] == ["failed", "resume", "claim"]
+
+
 def test_revoked_tokens_stop_working_and_only_hashes_are_stored(
     app_and_tokens: tuple[TestClient, dict[str, str]],
 ) -> None:

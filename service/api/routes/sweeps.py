@@ -154,11 +154,7 @@ async def get_sweep(
 def cancel_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, principal: PrincipalDep) -> SweepPublic:
     """Cancel a sweep: queued ones end at once; running trials stop within seconds, finished ones are kept.
     Only the sweep's owner or an admin may cancel it."""
-    owner = store.get(sweep_id).owner
-    if owner != principal.user and not principal.admin:
-        raise HTTPException(
-            403, f"sweep {sweep_id} belongs to {owner or 'no one'}; only its owner or an admin can cancel it"
-        )
+    _check_owner(store, sweep_id, principal, "cancel")
     sweep = store.cancel(sweep_id)
     return SweepPublic.build(sweep, store.trial_counts(sweep_id), settings.mlflow_ui_url)
 
@@ -175,10 +171,14 @@ def cancel_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, prin
 def resume_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, principal: PrincipalDep) -> SweepPublic:
     """Put a failed or cancelled sweep back in the queue with fresh attempts. It continues from its Tune
     state and its runs: finished trials are kept, nothing is run or logged twice. Owner or admin only."""
+    _check_owner(store, sweep_id, principal, "resume")
+    sweep = store.resume(sweep_id)
+    return SweepPublic.build(sweep, store.trial_counts(sweep_id), settings.mlflow_ui_url)
+
+
+def _check_owner(store: StoreDep, sweep_id: int, principal: PrincipalDep, action: str) -> None:
     owner = store.get(sweep_id).owner
     if owner != principal.user and not principal.admin:
         raise HTTPException(
-            403, f"sweep {sweep_id} belongs to {owner or 'no one'}; only its owner or an admin can resume it"
+            403, f"sweep {sweep_id} belongs to {owner or 'no one'}; only its owner or an admin can {action} it"
         )
-    sweep = store.resume(sweep_id)
-    return SweepPublic.build(sweep, store.trial_counts(sweep_id), settings.mlflow_ui_url)
