@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 from jobs.registry import get_task
 from workers.durability import ITERATION_KEY, REPLAYED_KEY, Ledger
 
+log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.pt"
 ITERATION_FILE = "layerlab.json"
 """Beside checkpoint.pt: the iteration the checkpoint was reported with, so that a trial resumed from
@@ -81,16 +83,15 @@ class TuneSession(_Artifacts):
         self.world_rank, self.world_size = 0, 1
         self.checkpoint: dict[str, Any] | None = None
         self.iteration = 0
-        candidates = []
         if (ckpt := tune.get_checkpoint()) is not None:
-            candidates.append(ckpt)
-        if resume is not None:
-            candidates.append(tune.Checkpoint(resume[0]))
-        for candidate in candidates:
-            with candidate.as_directory() as d:
-                iteration = _checkpoint_iteration(d)
-                if self.checkpoint is None or iteration > self.iteration:
-                    self.checkpoint, self.iteration = load_checkpoint_dir(d), iteration
+            with ckpt.as_directory() as d:
+                self.checkpoint, self.iteration = load_checkpoint_dir(d), _checkpoint_iteration(d)
+        if resume is not None and resume[1] > self.iteration:
+            try:
+                with tune.Checkpoint(resume[0]).as_directory() as d:
+                    self.checkpoint, self.iteration = load_checkpoint_dir(d), _checkpoint_iteration(d)
+            except Exception as exc:  # noqa: BLE001 - e.g. an object store this process cannot reach by URI alone
+                log.warning("cannot read the ledger's checkpoint %s (%s); resuming from Tune's", resume[0], exc)
 
     def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
         self.iteration += 1
