@@ -36,6 +36,8 @@ OPERATIONS = {
     "POST /sweeps",
     "GET /sweeps/{sweep_id}",
     "POST /sweeps/{sweep_id}/cancel",
+    "POST /sweeps/{sweep_id}/resume",
+    "GET /sweeps/{sweep_id}/trials",
 }
 CHECKS = [
     not_a_server_error,
