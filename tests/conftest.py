@@ -13,3 +13,8 @@ for key, value in {
     "HF_DATASETS_OFFLINE": "1",
 }.items():
     os.environ.setdefault(key, value)
+
+# Triton reads TRITON_INTERPRET when it decorates a kernel, so it must be set before any test imports
+# jobs/layers/tversky_triton.py: without a GPU, its tests run the kernels under Triton's interpreter.
+if not os.path.exists("/dev/nvidia0"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -34,8 +34,8 @@ CHECKED_SUFFIXES = (".json", ".pkl")
 
 
 def parses(data: bytes) -> bool:
-    """Whether `data` is one whole JSON document or one whole pickle (protocol 2 or later: it starts with
-    the PROTO opcode and ends with STOP). Tune writes its state files as one or the other, whatever
+    """Whether `data` is one whole JSON document, JSON lines, or one whole pickle (protocol 2 or later: it
+    starts with the PROTO opcode and ends with STOP). Tune writes its state files as one or the other, whatever
     their suffix. A torn file is dropped even where no previous version exists: a new session's first
     state file, cut short, would otherwise be the newest and the one a restore reads."""
     if data[:1] == b"\x80" and data[-1:] == b".":
@@ -43,7 +43,15 @@ def parses(data: bytes) -> bool:
     try:
         json.loads(data)
     except ValueError:
-        return False
+        # Tune's result.json holds a JSON document per line: whole if every line is (a copy cut at a line's
+        # end is an older, whole version of the file).
+        lines = [line for line in data.splitlines() if line.strip()]
+        try:
+            for line in lines:
+                json.loads(line)
+        except ValueError:
+            return False
+        return bool(lines)
     return True
 
 

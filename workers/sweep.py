@@ -6,6 +6,7 @@ from typing import Any
 
 import pyarrow.fs
 from ray import tune
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from service.spec import Domain, SweepSpec
 from workers.callbacks import ProgressCallback
@@ -90,10 +91,14 @@ def make_run_config(
         name=f"sweep-{sweep_id}",
         storage_path=storage_path,
         storage_filesystem=fs,
-        # No result.json / progress.csv loggers (TUNE_DISABLE_AUTO_CALLBACK_LOGGERS, workers.worker): the
-        # ledger and MLflow hold every result, and Tune copies the driver's whole folder to the storage
-        # path at each state save, so every logged file is copied again and again.
-        callbacks=[ProgressCallback(sweep_id, metric_keys)],
+        # Tune's own record of each trial (result.json, progress.csv: what ResultGrid and a reader of the
+        # storage folder expect), less TensorBoard's files (TUNE_DISABLE_AUTO_CALLBACK_LOGGERS: the metrics
+        # are in MLflow). ProgressCallback comes first: it takes the files a trial reports out of the result.
+        callbacks=[
+            ProgressCallback(sweep_id, metric_keys),
+            JsonLoggerCallback(),  # type: ignore[no-untyped-call]
+            CSVLoggerCallback(),  # type: ignore[no-untyped-call]
+        ],
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
         # Every checkpoint stays while the sweep runs: a restored state may name any of them, and Tune fails
         # a trial whose named checkpoint is gone. The worker prunes them once the sweep has succeeded.

@@ -118,7 +118,11 @@ def test_a_torn_copy_of_a_state_file_never_replaces_a_whole_one(tmp_path: Path, 
     with fs.open_output_stream(str(searcher)) as out:
         out.write(pickle.dumps({"searcher": 2}))
     assert pickle.loads(searcher.read_bytes()) == {"searcher": 2}
-    assert sorted(p.name for p in tmp_path.iterdir()) == [searcher.name, state.name]  # no temp file left
+    results = tmp_path / "result.json"  # Tune's JSON lines: whole if every line is
+    with fs.open_output_stream(str(results)) as out:
+        out.write(b'{"training_iteration": 1}\n{"training_iteration": 2}\n')
+    assert len(results.read_text().splitlines()) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [searcher.name, state.name, results.name]  # no temp file
 
 
 def test_the_atomic_storage_travels_to_trial_processes_and_copies_folders(tmp_path: Path) -> None:
