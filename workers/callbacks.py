@@ -39,8 +39,6 @@ class LiveSweep:
     ledger: Ledger
     stop: StopRequests
     best: float | None = None
-    seen: set[str] = field(default_factory=set)
-    """Trial ids Tune has run or restored in this attempt."""
     iterations: dict[str, int] = field(default_factory=dict)
     """Trial id -> the iteration of its latest result (the one a checkpoint comes with)."""
 
@@ -80,7 +78,6 @@ class ProgressCallback(tune.Callback):
         live = self.live
         if live is None:
             return
-        live.seen.update(t.trial_id for t in trials)
         if live.stop.any():
             # Out of fit() the way a crash leaves it (Tune ends the trials' actors and re-raises), which is
             # what the ledger is for: the stored state keeps the running trials resumable, and a restore
