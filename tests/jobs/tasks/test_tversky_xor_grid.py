@@ -15,22 +15,26 @@ from typing import Any
 
 import pytest
 import torch
+import tversky.nn as ref_nn
 from pydantic import TypeAdapter, ValidationError
 
 from jobs.config import field_docs
 from jobs.layers.tversky import DIFFERENCES, INTERSECTIONS, SIMILARITIES, TverskyProjection
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
+from jobs.stats import wilson_interval
 from jobs.tasks import tversky_xor, tversky_xor_grid
 from jobs.tasks.tversky_xor_grid import (
     _REDUCE,
     TASK,
+    WAYS,
     XorGridConfig,
     build_model,
     grid_points,
     per_model_loss,
     summarize,
     train,
+    ways,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -55,6 +59,9 @@ def test_config_defaults_are_the_papers_grid() -> None:
     cfg = XorGridConfig()
     assert cfg.models == len(grid_points(cfg)) == 972 and 12 * cfg.models == 11_664
     assert (cfg.steps, cfg.lr) == (1000, 0.1)
+    assert (cfg.implementation, cfg.semantics, cfg.seed_mode) == (("ours",), ("reference",), "per_cell")
+    three = XorGridConfig(implementation=("ours", "official"), semantics=("reference", "per_feature"))
+    assert ways(three) == list(WAYS) and three.models == 3 * 972  # (official, per_feature) does not exist
     # A sweep's params come from Tune as lists: both edges store tuples.
     as_lists = {"features": [4, 8], "normalize": [True], "prototype_inits": ["normal"]}
     expected = XorGridConfig(features=(4, 8), normalize=(True,), prototype_inits=("normal",))
@@ -71,6 +78,12 @@ def test_config_defaults_are_the_papers_grid() -> None:
         ({"normalize": ()}, r"^normalize: must be a non-empty list"),
         ({"seeds": 0}, r"^seeds: must be > 0, got 0"),
         ({"report_every": 5000}, r"^report_every: must be <= steps \(1000\), got 5000"),
+        ({"implementation": ("theirs",)}, r"^implementation: every value must be ours or official, got 'theirs'"),
+        ({"semantics": ("paper",)}, r"^semantics: every value must be one of reference, per_feature"),
+        (
+            {"implementation": ("official",), "semantics": ("per_feature",)},
+            r"^implementation: official has only the reference semantics, got semantics \['per_feature'\]",
+        ),
     ],
 )
 def test_config_errors_name_the_field(params: dict[str, Any], message: str) -> None:
@@ -85,11 +98,15 @@ FORWARD_GRID = list(itertools.product(INTERSECTIONS, DIFFERENCES, SIMILARITIES))
 
 @pytest.mark.parametrize("intersection,difference,similarity", FORWARD_GRID, ids=["-".join(g) for g in FORWARD_GRID])
 def test_batched_forward_matches_the_layer(intersection: str, difference: str, similarity: str) -> None:
-    cfg = XorGridConfig(intersection, difference, similarity, features=(1, 3, 8), seeds=2)  # both normalize values
+    # Both semantics and normalize values; |Ω| 3 and 9 pad inside blocks of width 8 and 9. One init: it is overwritten.
+    cfg = XorGridConfig(
+        intersection, difference, similarity, semantics=("reference", "per_feature"), features=(1, 3, 9),
+        prototype_inits=("normal",), feature_inits=("normal",), seeds=2,
+    )  # fmt: skip
     grid = build_model(cfg)
     torch.manual_seed(0)
     with torch.no_grad():  # normal draws: both signs of every dot product, so every branch is exercised
-        mask = torch.arange(8)[None, :, None] < grid.num_features[:, None, None]  # the padded rows stay zero
+        mask = torch.arange(9)[None, :, None] < grid.num_features[:, None, None]  # the padded rows stay zero
         grid.feature_bank.copy_(torch.randn_like(grid.feature_bank) * mask)
         grid.prototypes.copy_(torch.randn_like(grid.prototypes))
         for name in ("theta", "alpha", "beta"):
@@ -100,7 +117,9 @@ def test_batched_forward_matches_the_layer(intersection: str, difference: str, s
     (out * weights).sum().backward()
     for m, point in enumerate(grid_points(cfg)):
         f = point["features"]
-        layer = TverskyProjection(2, 2, f, intersection, difference, similarity, bool(grid.normalize[m]))
+        layer = TverskyProjection(
+            2, 2, f, intersection, difference, similarity, bool(grid.normalize[m]), semantics=point["semantics"]
+        )
         with torch.no_grad():
             layer.feature_bank.copy_(grid.feature_bank[m, :f])
             layer.prototypes.copy_(grid.prototypes[m])
@@ -135,9 +154,9 @@ def test_each_model_starts_as_the_single_xor_task() -> None:
         single_cfg = tversky_xor.XorConfig(
             intersection=cfg.intersection, difference=cfg.difference, similarity=cfg.similarity,
             normalize=p["normalize"], features=p["features"], prototype_init=p["prototype_init"],
-            feature_init=p["feature_init"], seed=p["seed"],
+            feature_init=p["feature_init"], seed=p["init_seed"],
         )  # fmt: skip
-        torch.manual_seed(p["seed"])
+        torch.manual_seed(p["init_seed"])
         single = tversky_xor.build_model(single_cfg)
         torch.nn.functional.cross_entropy(single(x), y).backward()
         f = p["features"]
@@ -180,6 +199,15 @@ def test_tiny_run_takes_optimizer_steps() -> None:
     x, y = tversky_xor.xor_data()
     with torch.no_grad():
         initial_loss = per_model_loss(initial(x), y).mean().item()
+        # θ's gradient is Σ f(A∩B) ∂L/∂S: a model whose inputs and prototypes share no feature at init gets none.
+        m = TINY.models
+        ones, zeros = torch.ones(m), torch.zeros(m)
+        inter = tversky_xor_grid.grid_similarity(
+            x.expand(m, 4, 2), initial.prototypes, initial.feature_bank, ones, zeros, zeros, initial.normalize,
+            TINY.intersection, TINY.difference, TINY.similarity,
+        )  # fmt: skip
+        theta_live = inter.flatten(1).abs().amax(1) > 0  # [M]
+    assert theta_live.float().mean() > 0.9
     session = _run(TINY)
     assert [h["step"] for h in session.history] == [10, 20, 30, 40, 50]
     assert all("table" not in h for h in session.history[:-1])
@@ -187,6 +215,7 @@ def test_tiny_run_takes_optimizer_steps() -> None:
     assert ckpt is not None and set(ckpt) == {"model", "optimizer", "step", "config"} and ckpt["step"] == 50
     for name in PARAMS:
         changed = (ckpt["model"][name] != getattr(initial, name).detach()).reshape(TINY.models, -1).any(1)
+        changed |= ~theta_live if name == "theta" else False
         assert changed.all(), f"{name}: models {torch.nonzero(~changed).flatten().tolist()} took no optimizer step"
     final = session.history[-1]
     assert final["loss"] < initial_loss, f"mean loss {initial_loss:.4f} -> {final['loss']:.4f}"
@@ -304,11 +333,14 @@ def test_summarize_writes_csvs_and_heatmaps() -> None:
     rows = _fake_rows()
     files = summarize(rows)
     tables = ("psi_difference", "init", "features", "normalize")
-    assert set(files) == {f"convergence_{t}.{ext}" for t in tables for ext in ("csv", "png")} | {"runs.csv"}
-    for t in tables:
-        assert files[f"convergence_{t}.png"].startswith(b"\x89PNG\r\n\x1a\n"), f"{t}: not a PNG"
+    paper = {"paper_psi_difference.csv", "paper_features.csv", "paper_comparison.md", "paper_comparison.png"}
+    assert set(files) == {f"convergence_{t}.{ext}" for t in tables for ext in ("csv", "png")} | {"runs.csv"} | paper
+    for name in [f"convergence_{t}.png" for t in tables] + ["paper_comparison.png"]:
+        assert files[name].startswith(b"\x89PNG\r\n\x1a\n"), f"{name}: not a PNG"
     by_pair = _csv(files["convergence_psi_difference.csv"])
-    assert list(by_pair[0]) == ["intersection", "difference", "runs", "converged", "failed", "rate"]
+    way = ["implementation", "semantics"]  # rows from before the ways are ours/reference
+    assert list(by_pair[0]) == [*way, "intersection", "difference", "runs", "converged", "failed", "rate"]
+    assert {(r["implementation"], r["semantics"]) for r in by_pair} == {("ours", "reference")}
     assert [(r["intersection"], r["difference"]) for r in by_pair] == [  # the layer's order, not the rows'
         ("product", "ignorematch"), ("product", "substractmatch"), ("min", "ignorematch"), ("min", "substractmatch")
     ]  # fmt: skip
@@ -316,10 +348,10 @@ def test_summarize_writes_csvs_and_heatmaps() -> None:
     assert [r["rate"] for r in by_pair] == ["0.7500", "0.7500", "0.0000", "0.0000"]
     assert [r["failed"] for r in by_pair] == ["0", "0", "8", "0"]
     init = _csv(files["convergence_init.csv"])
-    assert list(init[0]) == ["prototype_init", "feature_init", "runs", "converged", "failed", "rate"]
+    assert list(init[0]) == [*way, "prototype_init", "feature_init", "runs", "converged", "failed", "rate"]
     assert {(r["prototype_init"], r["feature_init"]): r["rate"] for r in init}[("normal", "uniform")] == "0.2500"
     features = _csv(files["convergence_features.csv"])
-    assert list(features[0]) == ["features", "runs", "converged", "failed", "rate"]
+    assert list(features[0]) == [*way, "features", "runs", "converged", "failed", "rate"]
     assert [(r["features"], r["rate"]) for r in features] == [("1", "0.2500"), ("16", "0.5000")]
     normalize = _csv(files["convergence_normalize.csv"])
     assert [(r["normalize"], r["runs"], r["failed"]) for r in normalize] == [("False", "32", "0"), ("True", "32", "8")]
@@ -351,3 +383,129 @@ def test_cli_run() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "step=20" in done.stdout and "table" not in done.stdout, done.stdout  # 18 rows: not printed
+
+
+def test_wilson_interval_known_values() -> None:
+    # statsmodels' proportion_confint(k, n, method="wilson"), and its closed form at k = 0: (0, z²/(n + z²)).
+    for (k, n), want in {(5, 10): (0.236593, 0.763407), (0, 10): (0.0, 0.277533), (10, 10): (0.722467, 1.0)}.items():
+        got = wilson_interval(k, n)
+        assert got == pytest.approx(want, abs=1e-6), f"{k}/{n}: {got} != {want}"
+    # By definition each bound p solves n (k/n - p)² = z² p (1 - p): the score test's acceptance boundary.
+    z2 = 1.959963984540054**2
+    for bound in wilson_interval(81, 263):
+        assert 263 * (81 / 263 - bound) ** 2 == pytest.approx(z2 * bound * (1 - bound), rel=1e-9)
+    assert wilson_interval(5, 10, 0.99)[0] < 0.236593 < 0.5
+    with pytest.raises(ValueError, match="runs must be > 0"):
+        wilson_interval(0, 0)
+
+
+def test_per_cell_seeds_differ_across_cells_and_common_seeds_do_not() -> None:
+    cfg = XorGridConfig(features=(2, 4), prototype_inits=("normal",), feature_inits=("normal",), seeds=3)
+    points = grid_points(cfg)
+    seeds = [p["init_seed"] for p in points]
+    assert len(set(seeds)) == len(seeds), "two models share an init seed"
+    assert seeds == [p["init_seed"] for p in grid_points(cfg)]  # a hash, not Python's per-process hash()
+    other = grid_points(dataclasses.replace(cfg, intersection="min"))
+    assert not set(seeds) & {p["init_seed"] for p in other}, "cells of another Ψ share draws"
+    assert [
+        p["init_seed"] for p in grid_points(dataclasses.replace(cfg, steps=10, report_every=5))
+    ] == seeds  # budget: same draws
+    common = grid_points(dataclasses.replace(cfg, seed_mode="common"))
+    assert [p["init_seed"] for p in common] == [p["seed"] for p in common]
+    # The draws themselves: normalize False and True with the same |Ω|, inits and index start apart per cell,
+    # together in common mode.
+    for mode, same in (("per_cell", False), ("common", True)):
+        grid = build_model(dataclasses.replace(cfg, seed_mode=mode))
+        pts = grid_points(grid.cfg)
+        a = next(m for m, p in enumerate(pts) if not p["normalize"] and p["features"] == 2 and p["seed"] == 0)
+        b = next(m for m, p in enumerate(pts) if p["normalize"] and p["features"] == 2 and p["seed"] == 0)
+        assert torch.equal(grid.prototypes[a], grid.prototypes[b]) is same, f"{mode}: models {a} and {b}"
+
+
+def _official_grid(intersection: str) -> Any:
+    cfg = XorGridConfig(
+        intersection, implementation=("ours", "official"), features=(1, 4), prototype_inits=("uniform", "normal"),
+        feature_inits=("normal",), seeds=2, init_scale=1.0,
+    )  # fmt: skip
+    return cfg, build_model(cfg)
+
+
+@pytest.mark.parametrize("intersection", ["gmean", "min", "product"])
+def test_official_path_is_the_library_nan_included(intersection: str) -> None:
+    cfg, grid = _official_grid(intersection)
+    x = tversky_xor.xor_data()[0]
+    out = grid(x)
+    weights = torch.randn_like(out)
+    (out * weights).sum().backward()
+    points = grid_points(cfg)
+    half = len(points) // 2
+    assert [p["implementation"] for p in points] == ["ours"] * half + ["official"] * half
+    for m, p in enumerate(points):
+        f = p["features"]
+        lib = ref_nn.TverskyProjection(2, 2, f, "contrast", p["normalize"], intersection, "substractmatch")
+        with torch.no_grad():
+            lib.feature_bank.weight.copy_(grid.feature_bank[m, :f])
+            lib.prototypes.weight.copy_(grid.prototypes[m])
+        ref = lib(x)
+        (ref * weights[m]).sum().backward()
+        diff = (ref - out[m]).abs().max().item()
+        assert diff <= 1e-5 * max(1.0, ref.abs().max().item()), f"model {m} {p}: forward max abs diff {diff:.3g}"
+        want = lib.prototypes.weight.grad
+        assert want is not None
+        got = grid.prototypes.grad[m]  # type: ignore[index]
+        if p["implementation"] == "official":  # the library's NaN where it has one, its value elsewhere
+            assert torch.equal(torch.isnan(got), torch.isnan(want)), f"model {m} {p}: NaN pattern {got} vs {want}"
+            finite = torch.isfinite(want)
+            gdiff = (got[finite] - want[finite]).abs().max().item() if finite.any() else 0.0
+            assert gdiff <= 1e-4 * max(1.0, want[finite].abs().max().item() if finite.any() else 0.0), gdiff
+        else:
+            assert torch.isfinite(got).all(), f"model {m} {p}: ours is not finite: {got}"
+    nan = torch.isnan(grid.prototypes.grad).flatten(1).any(1)  # type: ignore[union-attr]
+    assert nan.tolist() == [intersection == "gmean" and m >= half for m in range(len(points))]
+
+
+def test_official_gmean_goes_nan_counts_as_not_converged_and_is_shown() -> None:
+    cfg = dataclasses.replace(_official_grid("gmean")[0], steps=20, report_every=20)
+    session = _run(cfg)
+    rows = session.history[-1]["table"]
+    official = [r for r in rows if r["implementation"] == "official"]
+    assert official and all(r["failed_step"] == 1 and r["converged"] is False for r in official)
+    assert all(r["failed_step"] is None for r in rows if r["implementation"] == "ours")
+    assert session.history[-1]["failed_rate"] == pytest.approx(0.5)
+
+
+def test_summary_has_the_papers_column_and_intervals() -> None:
+    rows = []
+    for way, (inter, diff), feats, seed in itertools.product(
+        WAYS, [("product", "substractmatch"), ("product", "ignorematch")], (8, 16), range(10)
+    ):
+        rows.append(
+            {
+                "intersection": inter, "difference": diff, "similarity": "contrast", "implementation": way[0],
+                "semantics": way[1], "normalize": False, "features": feats, "prototype_init": "uniform",
+                "feature_init": "uniform", "seed": seed, "init_seed": seed, "converged": seed < 5,
+                "failed_step": 1 if way[0] == "official" and seed >= 7 else None,  # went NaN: not converged
+                "final_loss": 0.1, "final_accuracy": 1.0, "steps": 1000,
+            }
+        )  # fmt: skip
+    files = summarize(rows)
+    pairs = _csv(files["paper_psi_difference.csv"])
+    assert list(pairs[0]) == [
+        "implementation", "semantics", "intersection", "difference", "runs", "converged", "nan", "rate", "ci_low",
+        "ci_high", "paper",
+    ]  # fmt: skip
+    assert [(r["implementation"], r["semantics"], r["difference"], r["paper"]) for r in pairs] == [
+        (*w, d, p) for w in WAYS for d, p in (("ignorematch", ""), ("substractmatch", "0.53"))
+    ]
+    assert {(r["runs"], r["rate"], r["ci_low"], r["ci_high"]) for r in pairs} == {("20", "0.5000", "0.2993", "0.7007")}
+    assert [r["nan"] for r in pairs] == ["0"] * 4 + ["6"] * 2  # official: 3 seeds x 2 |Ω| went NaN
+    features = _csv(files["paper_features.csv"])
+    assert [(r["semantics"], r["features"], r["paper"]) for r in features][:2] == [
+        ("reference", "8", ""),
+        ("reference", "16", ""),
+    ]
+    md = files["paper_comparison.md"].decode()
+    assert "| Ψ + difference | paper | ours/reference | ours/per_feature | official/reference |" in md
+    assert "| product + substractmatch | 0.53 | 0.500 [0.299, 0.701] |" in md
+    assert md.count("0.500 [0.299, 0.701], NaN 6/20 |") == 4  # official, both pairs and both |Ω|: its NaN runs
+    assert "| product + ignorematch | — |" in md and "| 16 | best |" in md and "1000 full-batch Adam steps" in md
