@@ -7,9 +7,11 @@ broadcast, so one call retrieves a batch of queries from a stack of memories.
   Capacity ≈ 0.138 d for retrieval with a few % wrong bits (Amit, Gutfreund & Sompolinsky 1985);
   error-free recall only up to ≈ d / (2 ln d) (McEliece et al. 1987).
 - dense (Krotov & Hopfield, "Dense Associative Memory for Pattern Recognition", NeurIPS 2016, eq. 2-3):
-  E(σ) = -Σ_μ F(x_μ·σ), F(z) = z^n, and σ_i <- sign(Σ_μ [F(x_μi + Σ_{j≠i} x_μj σ_j) - F(-x_μi + Σ_{j≠i} x_μj σ_j)]),
-  i.e. each bit takes the value of lower energy with the others fixed. n = 2 is the classical rule
-  (the field is 4d times the classical one). Capacity ∝ d^(n-1).
+  E(σ) = -Σ_μ F(x_μ·σ), and σ_i <- sign(Σ_μ [F(x_μi + Σ_{j≠i} x_μj σ_j) - F(-x_μi + Σ_{j≠i} x_μj σ_j)]),
+  i.e. each bit takes the value of lower energy with the others fixed. F is the rectified polynomial
+  F(z) = ReLU(z)^n by default (the paper's F and the seed's; `activation="relu"`) or the plain z^n
+  (`activation="power"`), for which n = 2 is the classical rule (the field is 4d times the classical one).
+  Capacity ∝ d^(n-1) for both: the rectification drops the anti-aligned patterns' terms.
 - modern (Ramsauer et al., "Hopfield Networks is All You Need", ICLR 2021, eq. 3):
   E(ξ) = -lse(β, P ξ) + ½ ξᵀξ + const, ξ <- Pᵀ softmax(β P ξ) (attention with the patterns as keys and
   values); continuous states, one update usually suffices; capacity exponential in d.
@@ -29,6 +31,8 @@ from torch import nn
 
 Rule = Literal["classical", "dense", "modern"]
 RULES: tuple[str, ...] = get_args(Rule)
+DenseActivation = Literal["relu", "power"]
+DENSE_ACTIVATIONS: tuple[str, ...] = get_args(DenseActivation)
 
 
 def _sign_keep(field: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
@@ -48,9 +52,11 @@ def classical_update(state: torch.Tensor, patterns: torch.Tensor) -> torch.Tenso
     return _sign_keep(classical_field(state, patterns), state)
 
 
-def _odd_even_parts(s: torch.Tensor, degree: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A(s), B(s) of `dense_field` for F(z) = z^n, both divided by d^n (the sign is all that matters, and
-    z^n at z ~ d overflows float32 for large n). Binomial sums rather than differences of F: no cancellation."""
+def _odd_even_parts(s: torch.Tensor, degree: int, d: int, activation: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A(s), B(s) of `dense_field`, both divided by d^n (the sign is all that matters, and z^n at z ~ d
+    overflows float32 for large n). For z^n: binomial sums rather than differences of F, so no cancellation.
+    For ReLU(z)^n the same sums hold where all three points s - 2, s, s + 2 are >= 0 (s >= 2); below that
+    s + 2 <= 3, so F is evaluated directly on numbers too small to cancel."""
     u = s / d
     a = torch.zeros_like(u)
     b = torch.zeros_like(u)
@@ -60,29 +66,42 @@ def _odd_even_parts(s: torch.Tensor, degree: int, d: int) -> tuple[torch.Tensor,
             b = b + term
         else:
             a = a - term
-    return a, b
+    if activation == "power":
+        return a, b
+    up, mid, down = (torch.relu(u + shift / d).pow(degree) for shift in (2.0, 0.0, -2.0))
+    low = s < 2
+    return torch.where(low, mid - (up + down) / 2, a), torch.where(low, (up - down) / 2, b)
 
 
-def dense_field(state: torch.Tensor, patterns: torch.Tensor, degree: int) -> torch.Tensor:
-    """Σ_μ [F(a_μi + x_μi) - F(a_μi - x_μi)] with a_μi = Σ_{j≠i} x_μj σ_j, F(z) = z^n, divided by d^n.
+def _check_dense_activation(activation: str) -> None:
+    if activation not in DENSE_ACTIVATIONS:
+        raise ValueError(f"unknown dense activation {activation!r}; allowed: {', '.join(DENSE_ACTIVATIONS)}")
+
+
+def dense_field(state: torch.Tensor, patterns: torch.Tensor, degree: int, activation: str = "relu") -> torch.Tensor:
+    """Σ_μ [F(a_μi + x_μi) - F(a_μi - x_μi)] with a_μi = Σ_{j≠i} x_μj σ_j, F(z) = ReLU(z)^n (relu) or z^n
+    (power), divided by d^n.
 
     For ±1 entries, with s_μ = x_μ·σ and a_μi = s_μ - x_μi σ_i, the bracket equals σ_i A(s_μ) + x_μi B(s_μ),
-    where A(s) = F(s) - (F(s+2) + F(s-2))/2 and B(s) = (F(s+2) - F(s-2))/2 (check the four sign cases).
+    where A(s) = F(s) - (F(s+2) + F(s-2))/2 and B(s) = (F(s+2) - F(s-2))/2 (check the four sign cases; any F).
     So the field is σ ⊙ Σ_μ A(s_μ) + B(s) P: two GEMMs instead of a [B, N, d] tensor.
     """
+    _check_dense_activation(activation)
     d = patterns.shape[-1]
     overlaps = state @ patterns.transpose(-1, -2)  # [..., B, N]
-    a, b = _odd_even_parts(overlaps, degree, d)
+    a, b = _odd_even_parts(overlaps, degree, d, activation)
     return state * a.sum(dim=-1, keepdim=True) + b @ patterns  # [..., B, 1] * [..., B, d] + [..., B, N] @ [..., N, d]
 
 
-def dense_update(state: torch.Tensor, patterns: torch.Tensor, degree: int) -> torch.Tensor:
-    return _sign_keep(dense_field(state, patterns, degree), state)
+def dense_update(state: torch.Tensor, patterns: torch.Tensor, degree: int, activation: str = "relu") -> torch.Tensor:
+    return _sign_keep(dense_field(state, patterns, degree, activation), state)
 
 
-def dense_energy(state: torch.Tensor, patterns: torch.Tensor, degree: int) -> torch.Tensor:
-    """E(σ) = -Σ_μ (x_μ·σ)^n: σ [..., B, d] -> [..., B]."""
-    return -(state @ patterns.transpose(-1, -2)).pow(degree).sum(dim=-1)
+def dense_energy(state: torch.Tensor, patterns: torch.Tensor, degree: int, activation: str = "relu") -> torch.Tensor:
+    """E(σ) = -Σ_μ F(x_μ·σ), F(z) = ReLU(z)^n or z^n: σ [..., B, d] -> [..., B]."""
+    _check_dense_activation(activation)
+    overlaps = state @ patterns.transpose(-1, -2)  # [..., B, N]
+    return -(torch.relu(overlaps) if activation == "relu" else overlaps).pow(degree).sum(dim=-1)
 
 
 def modern_update(state: torch.Tensor, patterns: torch.Tensor, beta: float) -> torch.Tensor:
@@ -104,6 +123,7 @@ class HopfieldMemory(nn.Module):
     first `count` patterns (all by default), so nested loads N_1 < N_2 < ... share one stored pool, and stops
     early once an update changes no state. Classical and dense expect ±1 queries; modern returns continuous
     states (read them out with sign()). No parameters: storing is the whole "training" of a Hopfield net.
+    `dense_activation` picks the dense rule's F: relu (ReLU(z)^n, the default) or power (z^n).
     """
 
     patterns: torch.Tensor
@@ -117,10 +137,12 @@ class HopfieldMemory(nn.Module):
         beta: float = 1.0,
         steps: int = 1,
         models: int | None = None,
+        dense_activation: DenseActivation = "relu",
     ) -> None:
         super().__init__()
         if rule not in RULES:
             raise ValueError(f"unknown rule {rule!r}; allowed: {', '.join(RULES)}")
+        _check_dense_activation(dense_activation)
         if isinstance(degree, bool) or not isinstance(degree, int) or degree < 2:
             raise ValueError(f"degree: must be an integer >= 2 (F(z) = z^n; n = 2 is classical), got {degree!r}")
         if not (isinstance(beta, int | float) and math.isfinite(beta) and beta > 0):
@@ -129,6 +151,7 @@ class HopfieldMemory(nn.Module):
             raise ValueError(f"steps: must be an integer >= 1, got {steps!r}")
         self.dim, self.num_patterns, self.rule = dim, num_patterns, rule
         self.degree, self.beta, self.steps, self.models = degree, float(beta), steps, models
+        self.dense_activation = dense_activation
         lead = () if models is None else (models,)
         self.register_buffer("patterns", torch.zeros(*lead, num_patterns, dim))
 
@@ -149,7 +172,7 @@ class HopfieldMemory(nn.Module):
         if self.rule == "classical":
             return classical_update(state, patterns)
         if self.rule == "dense":
-            return dense_update(state, patterns, self.degree)
+            return dense_update(state, patterns, self.degree, self.dense_activation)
         return modern_update(state, patterns, self.beta)
 
     def energy(self, state: torch.Tensor, count: int | None = None) -> torch.Tensor:
@@ -157,7 +180,9 @@ class HopfieldMemory(nn.Module):
         patterns = self.patterns if count is None else self.patterns[..., :count, :]
         if self.rule == "modern":
             return modern_energy(state, patterns, self.beta)
-        return dense_energy(state, patterns, 2 if self.rule == "classical" else self.degree)
+        if self.rule == "classical":
+            return dense_energy(state, patterns, 2, "power")
+        return dense_energy(state, patterns, self.degree, self.dense_activation)
 
     @torch.no_grad()
     def forward(self, query: torch.Tensor, count: int | None = None) -> torch.Tensor:
@@ -174,6 +199,7 @@ class HopfieldMemory(nn.Module):
         return state
 
     def extra_repr(self) -> str:
-        rule = {"dense": f"dense(n={self.degree})", "modern": f"modern(β={self.beta:g})"}.get(self.rule, self.rule)
+        dense = f"dense(relu(z)^{self.degree})" if self.dense_activation == "relu" else f"dense(z^{self.degree})"
+        rule = {"dense": dense, "modern": f"modern(β={self.beta:g})"}.get(self.rule, self.rule)
         stack = "" if self.models is None else f", models={self.models}"
         return f"dim={self.dim}, patterns={self.num_patterns}, {rule}, steps={self.steps}{stack}"

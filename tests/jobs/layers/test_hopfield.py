@@ -27,7 +27,11 @@ def _pm1(*shape: int, seed: int) -> torch.Tensor:
     return torch.randint(0, 2, shape, generator=torch.Generator().manual_seed(seed)).double() * 2 - 1
 
 
-def naive_dense_field(state: torch.Tensor, patterns: torch.Tensor, degree: int) -> torch.Tensor:
+def _f(z: float, degree: int, activation: str) -> float:
+    return (max(z, 0.0) if activation == "relu" else z) ** degree
+
+
+def naive_dense_field(state: torch.Tensor, patterns: torch.Tensor, degree: int, activation: str) -> torch.Tensor:
     """Krotov & Hopfield eq. 3 term by term: Σ_μ F(x_μi + Σ_{j≠i} x_μj σ_j) - F(-x_μi + Σ_{j≠i} x_μj σ_j)."""
     n, d = patterns.shape
     out = torch.zeros(state.shape[0], d, dtype=torch.float64)
@@ -36,8 +40,19 @@ def naive_dense_field(state: torch.Tensor, patterns: torch.Tensor, degree: int) 
             for mu in range(n):
                 rest = sum(float(patterns[mu, j] * state[b, j]) for j in range(d) if j != i)
                 x = float(patterns[mu, i])
-                out[b, i] += (rest + x) ** degree - (rest - x) ** degree
+                out[b, i] += _f(rest + x, degree, activation) - _f(rest - x, degree, activation)
     return out
+
+
+def vectorized_dense_field(state: torch.Tensor, patterns: torch.Tensor, degree: int, activation: str) -> torch.Tensor:
+    """The same sum as a [B, N, d] float64 tensor (no A/B identity), for widths the loops above are too slow at."""
+    rest = (state @ patterns.T)[:, :, None] - patterns[None] * state[:, None]  # a_μi: [B, N, d]
+    x = patterns[None]  # [1, N, d]
+
+    def f(z: torch.Tensor) -> torch.Tensor:
+        return (torch.relu(z) if activation == "relu" else z).pow(degree)
+
+    return (f(rest + x) - f(rest - x)).sum(dim=1)  # [B, d]
 
 
 def test_dense_field_by_hand() -> None:
@@ -47,38 +62,78 @@ def test_dense_field_by_hand() -> None:
     # bit 2: rests (2, 0):  [F(3) - F(1)] + [F(-1) - F(1)]   = 26 - 2  =  24 -> +1
     patterns = torch.tensor([[1.0, 1, 1], [1, -1, -1]], dtype=torch.float64)
     state = torch.tensor([[1.0, 1, -1]], dtype=torch.float64)
-    field = dense_field(state, patterns, 3) * 3**3  # dense_field divides by d^n
+    field = dense_field(state, patterns, 3, "power") * 3**3  # dense_field divides by d^n
     assert torch.allclose(field, torch.tensor([[4.0, -24, 24]], dtype=torch.float64)), field
-    assert torch.equal(dense_update(state, patterns, 3), torch.tensor([[1.0, -1, 1]], dtype=torch.float64))
+    assert torch.equal(dense_update(state, patterns, 3, "power"), torch.tensor([[1.0, -1, 1]], dtype=torch.float64))
+    # F(z) = ReLU(z)^3, the default: the negative arguments drop out
+    # bit 0: [F(1) - F(-1)] + [F(1) - F(-1)] = 1 + 1 = 2; bit 1: [F(1) - F(-1)] + [F(1) - F(3)] = 1 - 26 = -25;
+    # bit 2: [F(3) - F(1)] + [F(-1) - F(1)] = 26 - 1 = 25
+    field = dense_field(state, patterns, 3) * 3**3
+    assert torch.allclose(field, torch.tensor([[2.0, -25, 25]], dtype=torch.float64)), field
 
 
+@pytest.mark.parametrize("activation", ["relu", "power"])
 @pytest.mark.parametrize("degree", [2, 3, 4, 5])
-def test_dense_field_matches_the_naive_formula(degree: int) -> None:
+def test_dense_field_matches_the_naive_formula(degree: int, activation: str) -> None:
     patterns, state = _pm1(6, 9, seed=degree), _pm1(4, 9, seed=10 + degree)
-    ours = dense_field(state, patterns, degree) * 9**degree
-    ref = naive_dense_field(state, patterns, degree)
+    ours = dense_field(state, patterns, degree, activation) * 9**degree
+    ref = naive_dense_field(state, patterns, degree, activation)
     diff = (ours - ref).abs().max().item()
-    assert diff < 1e-8 * max(1.0, ref.abs().max().item()), f"n={degree}: max abs diff {diff:.3g}"
+    assert diff < 1e-8 * max(1.0, ref.abs().max().item()), f"n={degree}, {activation}: max abs diff {diff:.3g}"
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(["relu", "power"]), st.integers(2, 6), st.integers(1, 20), st.integers(2, 40),
+    st.integers(0, 2**31 - 1), st.booleans(),
+)  # fmt: skip
+def test_dense_field_matches_the_formula_at_any_overlap(
+    activation: str, degree: int, n: int, d: int, seed: int, near: bool
+) -> None:
+    patterns = _pm1(n, d, seed=seed)
+    state = _pm1(5, d, seed=seed + 1)
+    if near:  # queries close to a stored pattern: large positive overlaps, the branch where the binomial sums hold
+        state = torch.where(torch.rand(5, d, generator=torch.Generator().manual_seed(seed)) < 0.1, -1.0, 1.0).double()
+        state = state * patterns[0]
+    ours = dense_field(state, patterns, degree, activation) * float(d) ** degree
+    ref = vectorized_dense_field(state, patterns, degree, activation)
+    diff = (ours - ref).abs().max().item()
+    assert diff <= 1e-9 * max(1.0, ref.abs().max().item()), f"{activation} n={degree} d={d}: max abs diff {diff:.3g}"
+    # the sign is what the update reads: exact wherever the field is not a tie
+    decided = ref != 0
+    assert torch.equal(torch.sign(ours)[decided], torch.sign(ref)[decided])
+
+
+def test_relu_dense_field_in_float32_keeps_the_sign_at_width_512() -> None:
+    # float32 with n = 10 at d = 512: z^n would overflow; the scaled sums must still give float64's signs
+    patterns, state = _pm1(40, 512, seed=3), _pm1(6, 512, seed=4)
+    state[:3] = patterns[:3] * torch.where(torch.arange(512) < 60, -1.0, 1.0).double()  # 60 bits off a pattern
+    ref = vectorized_dense_field(state, patterns, 10, "relu")
+    ours = dense_field(state.float(), patterns.float(), 10, "relu")
+    assert torch.isfinite(ours).all()
+    big = ref.abs() > 1e-3 * ref.abs().max()
+    assert torch.equal(torch.sign(ours.double())[big], torch.sign(ref)[big])
+
+
+@pytest.mark.parametrize("activation", ["relu", "power"])
 @pytest.mark.parametrize("degree", [2, 3, 4])
-def test_each_dense_bit_moves_to_the_lower_energy(degree: int) -> None:
+def test_each_dense_bit_moves_to_the_lower_energy(degree: int, activation: str) -> None:
     patterns, state = _pm1(5, 8, seed=20 + degree), _pm1(6, 8, seed=30 + degree)
-    new = dense_update(state, patterns, degree)
+    new = dense_update(state, patterns, degree, activation)
     for i in range(8):
         up, down = state.clone(), state.clone()
         up[:, i], down[:, i] = 1, -1
-        e_up, e_down = dense_energy(up, patterns, degree), dense_energy(down, patterns, degree)
+        e_up, e_down = dense_energy(up, patterns, degree, activation), dense_energy(down, patterns, degree, activation)
         want = torch.where(e_up < e_down, 1.0, torch.where(e_down < e_up, -1.0, state[:, i])).double()
-        assert torch.equal(new[:, i], want), f"n={degree}, bit {i}: {new[:, i]} vs lower-energy {want}"
+        assert torch.equal(new[:, i], want), f"n={degree} {activation}, bit {i}: {new[:, i]} vs lower-energy {want}"
 
 
 def test_dense_with_degree_two_is_the_classical_rule() -> None:
     patterns, state = _pm1(7, 16, seed=1), _pm1(10, 16, seed=2)
     # field_dense = (4 s·P - 4 N σ) / d^2 = (4 / d) · field_classical for ±1 patterns
-    diff = (dense_field(state, patterns, 2) - 4 / 16 * classical_field(state, patterns)).abs().max().item()
+    diff = (dense_field(state, patterns, 2, "power") - 4 / 16 * classical_field(state, patterns)).abs().max().item()
     assert diff < 1e-12, f"max abs diff {diff:.3g}"
-    assert torch.equal(dense_update(state, patterns, 2), classical_update(state, patterns))
+    assert torch.equal(dense_update(state, patterns, 2, "power"), classical_update(state, patterns))
 
 
 @pytest.mark.parametrize("d", [7, 8, 33])
@@ -164,5 +219,8 @@ def test_errors_name_the_value_and_the_fix() -> None:
         HopfieldMemory(8, 2, "dense").store_(torch.randn(2, 8))
     with pytest.raises(ValueError, match=r"count: must be in \[1, 2\]"):
         HopfieldMemory(8, 2)(torch.ones(1, 8), count=3)
-    assert "dense(n=4)" in repr(HopfieldMemory(8, 2, "dense", degree=4))
+    with pytest.raises(ValueError, match=r"unknown dense activation 'gelu'; allowed: relu, power"):
+        HopfieldMemory(8, 2, "dense", dense_activation="gelu")  # type: ignore[arg-type]
+    assert "dense(relu(z)^4)" in repr(HopfieldMemory(8, 2, "dense", degree=4))
+    assert "dense(z^4)" in repr(HopfieldMemory(8, 2, "dense", degree=4, dense_activation="power"))
     assert math.isclose(HopfieldMemory(8, 2, "modern", beta=0.5).beta, 0.5)
