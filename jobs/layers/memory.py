@@ -38,6 +38,12 @@ def _check_activation(activation: str, power: int, beta: float) -> None:
         raise ValueError(f"beta: must be a finite number > 0 (softmax's inverse temperature), got {beta!r}")
 
 
+def memory_scores(x: torch.Tensor, keys: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """z = x Kᵀ + b, the pre-activations: x [..., B, d], keys [..., S, d], bias [..., S] -> [..., B, S]."""
+    scores = x @ keys.transpose(-1, -2)  # [..., B, d] @ [..., d, S] -> [..., B, S]
+    return scores if bias is None else scores + bias.unsqueeze(-2)  # bias as [..., 1, S]
+
+
 def memory_coefficients(
     x: torch.Tensor,
     keys: torch.Tensor,
@@ -47,9 +53,7 @@ def memory_coefficients(
     beta: float = 1.0,
 ) -> torch.Tensor:
     """m = φ(x Kᵀ + b): x [..., B, d], keys [..., S, d], bias [..., S] -> [..., B, S] (leading dims broadcast)."""
-    scores = x @ keys.transpose(-1, -2)  # [..., B, d] @ [..., d, S] -> [..., B, S]
-    if bias is not None:
-        scores = scores + bias.unsqueeze(-2)  # [..., 1, S]
+    scores = memory_scores(x, keys, bias)
     if activation == "relu":
         return F.relu(scores)
     if activation == "gelu":
@@ -121,7 +125,21 @@ class KeyValueMemory(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._apply_memory(x, values=self.values)
 
-    def _apply_memory(self, x: torch.Tensor, values: torch.Tensor | None) -> torch.Tensor:
+    @torch.no_grad()
+    def active_fraction(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Fraction of the S slots a query switches on, z = x·k_i + b_i > 0, averaged over the queries.
+
+        For relu and relu_pow these are the slots with a nonzero coefficient (the seed's "< 5% of units
+        active"); gelu and softmax never give an exact zero, and the same count says how many slots sit on
+        the rising side. x: [B, d] or [M, B, d] (stacked), mask [(M,) B] weights the queries (1: counts).
+        Returns a scalar, or [M] for a stacked memory."""
+        on = self._apply_memory(x, values=None, scores_only=True) > 0  # [(M,) B, S]
+        per_query = on.to(x.dtype).mean(dim=-1)  # [(M,) B]
+        if mask is None:
+            return per_query.mean(dim=-1)
+        return (per_query * mask).sum(dim=-1) / mask.sum(dim=-1)
+
+    def _apply_memory(self, x: torch.Tensor, values: torch.Tensor | None, scores_only: bool = False) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, the memory expects in_features={self.in_features}")
         if self.models is None:
@@ -133,7 +151,10 @@ class KeyValueMemory(nn.Module):
                     f"stacked memory of {self.models} models takes [B, d] or [{self.models}, B, d], got {list(x.shape)}"
                 )
             lead, x2 = None, x
-        m = memory_coefficients(x2, self.keys, self.bias, self.activation, self.power, self.beta)
+        if scores_only:
+            m = memory_scores(x2, self.keys, self.bias)
+        else:
+            m = memory_coefficients(x2, self.keys, self.bias, self.activation, self.power, self.beta)
         out = m if values is None else m @ values  # [(M,) B, S] @ [(M,) S, d_out] -> [(M,) B, d_out]
         return out if lead is None else out.reshape(*lead, out.shape[-1])  # [B, *] -> [..., *]
 

@@ -23,6 +23,9 @@ Definitions (the table rows and the summary use exactly these):
 - info_bits_per_param: max over N of the information recall carries, read as a symmetric channel (sign:
   N·d·(1 - H2(bit error)); classes: N·(log2 C - H2(e) - e·log2(C-1)), e = 1 - recall), per parameter. Counts
   partly recalled pairs as well; >= bits_per_param whenever recall at N* is 100%.
+- ffn/active_fraction: the fraction of the d_ff slots with a positive pre-activation x·k_i + b_i on a stored
+  key, averaged over the keys and the memories, at every report (per load in the table): the relu FFN's
+  activation sparsity, to hold against the seed's "< 5% of units active" (KeyValueMemory.active_fraction).
 
 Run alone: `python -m jobs run memory.capacity --set activation=gelu --set d=64`.
 """
@@ -223,6 +226,8 @@ def train(cfg: CapacityConfig, session: Session) -> None:
             out = model(x)
             loss = per_model_loss(cfg, out, y, mask)
             ev = evaluate(cfg, out, y, mask)
+            active = raw_model.active_fraction(x, mask)  # [M], on the stored keys
+        ev["active_fraction"] = [float(v) for v in active.view(len(cfg.load_ratios), cfg.seeds).mean(dim=1)]
         n_star = capacity_from_curve(cfg.loads, ev["recall"], cfg.threshold)
         metrics: dict[str, Any] = {
             "loss": loss.mean().item(),
@@ -231,6 +236,7 @@ def train(cfg: CapacityConfig, session: Session) -> None:
             "capacity_ratio": n_star / cfg.d_ff,
             "bits_per_param": n_star * cfg.bits_per_value / params,
             "info_bits_per_param": max(ev["info_bits"]) / params,
+            "ffn/active_fraction": active.mean().item(),
             "step": step,
         }
         if step == cfg.steps:  # the curve: summarize() aggregates these rows across trials
@@ -275,6 +281,7 @@ def _rows(
             "N": n,
             "recall": ev["recall"][j],
             "bit_accuracy": ev["bit_accuracy"][j],
+            "active_fraction": ev["active_fraction"][j],
             "loss": per_load_loss[j],
             "params": params,
             "bits_per_value": cfg.bits_per_value,
@@ -289,7 +296,9 @@ def _rows(
 TRIAL_KEYS = (
     "activation", "power", "beta", "values", "classes", "d", "d_ff", "seeds", "threshold", "steps", "lr", "seed",
 )  # fmt: skip
-ROW_COLUMNS = (*TRIAL_KEYS, "load_ratio", "N", "recall", "bit_accuracy", "loss", "params", "bits_per_value")
+ROW_COLUMNS = (
+    *TRIAL_KEYS, "load_ratio", "N", "recall", "bit_accuracy", "active_fraction", "loss", "params", "bits_per_value",
+)  # fmt: skip
 CAPACITY_COLUMNS = (
     *TRIAL_KEYS, "params", "bits_per_value", "capacity", "capacity_ratio", "bits_per_param", "info_bits_per_param",
 )  # fmt: skip

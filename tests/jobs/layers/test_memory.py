@@ -147,3 +147,29 @@ def test_errors_name_the_value_and_the_fix() -> None:
     with pytest.raises(ValueError, match=r"input has 5 features, the memory expects in_features=3"):
         KeyValueMemory(3, 4)(torch.randn(2, 5))
     assert "relu^3" in repr(KeyValueMemory(3, 4, activation="relu_pow", power=3))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(ACTIVATIONS), st.integers(1, 9), st.integers(1, 12), st.integers(0, 2**31 - 1), st.booleans())
+def test_active_fraction_counts_the_slots_a_query_switches_on(
+    activation: str, slots: int, batch: int, seed: int, stacked: bool
+) -> None:
+    g = torch.Generator().manual_seed(seed)
+    models = 3 if stacked else None
+    mem = KeyValueMemory(4, slots, 2, activation, models=models).double()  # type: ignore[arg-type]
+    with torch.no_grad():
+        mem.bias.normal_(generator=g)  # type: ignore[union-attr]
+    x = torch.randn(*(() if models is None else (3,)), batch, 4, generator=g, dtype=torch.float64)
+    mask = (torch.rand(*x.shape[:-1], generator=g) < 0.7).double()
+    mask[..., 0] = 1  # every memory counts at least one query
+    keys, bias = mem.keys.detach(), mem.bias.detach()  # type: ignore[union-attr]
+    for m in range(models or 1):  # one memory, one query, one slot at a time
+        k, b = (keys[m], bias[m]) if models else (keys, bias)
+        xs, ms = (x[m], mask[m]) if models else (x, mask)
+        on = [[float(xs[q] @ k[i]) + float(b[i]) > 0 for i in range(slots)] for q in range(batch)]
+        want = sum(float(ms[q]) * sum(on[q]) / slots for q in range(batch)) / float(ms.sum())
+        got = mem.active_fraction(x, mask)
+        got_m = float(got[m]) if models else float(got)
+        assert abs(got_m - want) < 1e-12, f"memory {m}: {got_m} vs {want}"
+    if activation in ("relu", "relu_pow"):  # active = a nonzero memory coefficient
+        assert torch.allclose(mem.active_fraction(x), (mem.coefficients(x) > 0).double().mean(-1).mean(-1))

@@ -144,6 +144,16 @@ def test_tiny_run_takes_optimizer_steps() -> None:
     reloaded = build_model(TINY)
     reloaded.load_state_dict(ckpt["model"])  # the worker registers build_model(cfg) + checkpoint["model"]
 
+    # activation sparsity at every report, recomputed from the final weights: the share of positive x·k_i + b_i
+    assert all(0 <= h["ffn/active_fraction"] <= 1 for h in session.history)
+    keys, _ = make_pools(TINY)
+    scores = keys[torch.arange(TINY.models) % TINY.seeds] @ ckpt["model"]["keys"].transpose(1, 2)
+    on = (scores + ckpt["model"]["bias"][:, None, :] > 0).float().mean(-1)  # [M, N_max]
+    per_memory = [on[m, : TINY.loads[m // TINY.seeds]].mean().item() for m in range(TINY.models)]
+    assert final["ffn/active_fraction"] == pytest.approx(sum(per_memory) / len(per_memory), abs=1e-6)
+    by_load = [sum(per_memory[j * TINY.seeds : (j + 1) * TINY.seeds]) / TINY.seeds for j in range(3)]
+    assert [r["active_fraction"] for r in table] == pytest.approx(by_load, abs=1e-6)
+
 
 def test_a_longer_run_stores_a_light_load_exactly() -> None:
     cfg = CapacityConfig(d=8, d_ff=8, load_ratios=(1, 2), steps=300, report_every=300)  # 8 and 16 pairs
@@ -191,7 +201,8 @@ def _fake_rows() -> list[dict[str, Any]]:
             rows.append(
                 {"activation": act, "power": 2, "beta": 1.0, "values": "sign", "classes": 256, "d": d, "d_ff": 4,
                  "seeds": 1, "threshold": 0.99, "steps": 10, "lr": 0.01, "seed": 0, "load_ratio": ratio, "N": 4 * ratio,
-                 "recall": recall, "bit_accuracy": recall, "loss": 0.1, "params": params, "bits_per_value": d,
+                 "recall": recall, "bit_accuracy": recall, "active_fraction": 0.3, "loss": 0.1, "params": params,
+                 "bits_per_value": d,
                  "load_ratios": [1, 2, 4], "report_every": 5}  # the last two: merged in from the trial config
             )  # fmt: skip
     return rows
