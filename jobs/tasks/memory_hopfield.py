@@ -18,6 +18,10 @@ Definitions (the table rows and the summary use exactly these):
   retrieval state with overlap ≈ 0.97 vanishes, so it is the overlap capacity that compares with it;
   exact (error-free) retrieval stops earlier: d / (2 ln d) for one given pattern, d / (4 ln d) for all of
   them (McEliece et al. 1987).
+- The modern rule's capacity is exponential in d (Ramsauer et al. 2021, Thm 3; models.md C.3), so at β of
+  order 1 it leaves any grid that is linear in d: `sweeps/memory_hopfield_beta.yaml` runs a log-spaced grid
+  up to N/d = 16384 with `stop_past_capacity`, which ends a trial at the first load where every curve has
+  fallen below its thresholds (the loads left cannot change N* or N*_m, which need every smaller load to pass).
 Headline metrics use the smallest corruption level of the trial.
 
 Run alone: `python -m jobs run memory.hopfield --set rule=dense --set degree=3 --set d=64`.
@@ -35,7 +39,7 @@ import annotated_types as at
 import torch
 
 from jobs.config import check_fields
-from jobs.layers.hopfield import RULES, HopfieldMemory, Rule
+from jobs.layers.hopfield import RULES, DenseActivation, HopfieldMemory, Rule
 from jobs.registry import Task
 from jobs.runtime import Session
 from jobs.tasks.memory_capacity import TableRows, capacity_from_curve
@@ -48,7 +52,10 @@ class HopfieldConfig:
     rule: Rule = "classical"
     """classical (sign of the Hebbian field), dense (energy -Σ (x_μ·σ)^n) or modern (softmax update)."""
     degree: Annotated[int, at.Ge(2)] = 3
-    """n of the dense rule's F(z) = z^n (n = 2 is the classical rule; ignored by the other rules)."""
+    """n of the dense rule's F (ReLU(z)^n or z^n; ignored by the other rules)."""
+    dense_activation: DenseActivation = "relu"
+    """The dense rule's F: relu, ReLU(z)^n (Krotov & Hopfield's rectified polynomial, the seed's), or power, z^n
+    (n = 2 is then the classical rule)."""
     beta: Annotated[float, at.Gt(0)] | None = None
     """β of the modern rule; None = 1/√d, the attention scale (Ramsauer et al.). Ignored by the other rules."""
     d: Annotated[int, at.Ge(8)] = 128
@@ -67,6 +74,9 @@ class HopfieldConfig:
     """Exact-retrieval accuracy that counts as stored (capacity N*)."""
     overlap_threshold: Annotated[float, at.Gt(0), at.Le(1)] = 0.95
     """Mean overlap that counts as retrieved (capacity_overlap N*_m, the one to compare with 0.138 d)."""
+    stop_past_capacity: bool = False
+    """End the trial at the first load where, at every corruption level, both accuracy and overlap have fallen
+    below their thresholds: N* and N*_m are then known, and a log-spaced grid can reach far past them."""
     checkpoint_every: Annotated[int, at.Gt(0)] = 8
     """Attach a checkpoint to every this many load reports (and the last): it holds the N_max x d patterns."""
     seed: Annotated[int, at.Ge(0)] = 0
@@ -106,9 +116,9 @@ def _number(v: Any) -> bool:
 METRICS = {"capacity_ratio": "max", "capacity_ratio_overlap": "max", "accuracy": "max"}
 
 
-def rule_label(rule: str, degree: int, beta: float | None) -> str:
+def rule_label(rule: str, degree: int, beta: float | None, dense_activation: str = "relu") -> str:
     if rule == "dense":
-        return f"dense n={degree}"
+        return f"dense relu(z)^{degree}" if dense_activation == "relu" else f"dense z^{degree}"
     if rule == "modern":
         return "modern β=1/√d" if beta is None else f"modern β={beta:.3g}"
     return rule
@@ -116,7 +126,10 @@ def rule_label(rule: str, degree: int, beta: float | None) -> str:
 
 def build_model(cfg: HopfieldConfig) -> HopfieldMemory:
     """The memory at the trial's largest load; forward(query, count=N) retrieves from its first N patterns."""
-    return HopfieldMemory(cfg.d, cfg.loads[-1], cfg.rule, cfg.degree, cfg.inverse_temperature, cfg.steps)
+    return HopfieldMemory(
+        cfg.d, cfg.loads[-1], cfg.rule, cfg.degree, cfg.inverse_temperature, cfg.steps,
+        dense_activation=cfg.dense_activation,
+    )  # fmt: skip
 
 
 def example_input(cfg: HopfieldConfig) -> torch.Tensor:
@@ -154,11 +167,15 @@ def train(cfg: HopfieldConfig, session: Session) -> None:
         start = int(session.checkpoint["step"])
 
     for j in range(start, len(cfg.loads)):
+        if cfg.stop_past_capacity and past_capacity(cfg, results):
+            break  # resumed from the final checkpoint of a trial that had stopped
         # --- retrieve
         n = cfg.loads[j]
         queries, targets = make_queries(cfg, raw_model.patterns.cpu(), j)
         queries, targets = queries.to(session.device), targets.to(session.device)
-        final = torch.sign(model(queries, count=n))  # [C·Q, d]; 0 (a tie in a modern state) counts as wrong
+        # chunks of queries keep the [rows, N] softmax of the modern rule near 2^22 floats at any load
+        chunks = torch.split(queries, max(1, QUERY_FLOATS // n))
+        final = torch.sign(torch.cat([model(q, count=n) for q in chunks]))  # [C·Q, d]; a 0 (tie) counts as wrong
         truth = raw_model.patterns[targets]  # [C·Q, d]
         exact = (final == truth).all(dim=1).float().view(len(cfg.corruptions), cfg.queries)  # [C, Q]
         overlap = ((final * truth).sum(dim=1) / cfg.d).view(len(cfg.corruptions), cfg.queries)  # [C, Q]
@@ -173,7 +190,22 @@ def train(cfg: HopfieldConfig, session: Session) -> None:
             )  # fmt: skip
 
         # --- log
-        report(cfg, session, raw_model, results, j + 1)  # a resumed trial redoes the loads after its checkpoint
+        last = j + 1 == len(cfg.loads) or (cfg.stop_past_capacity and past_capacity(cfg, results))
+        report(cfg, session, raw_model, results, j + 1, last)  # a resumed trial redoes the loads after its checkpoint
+        if last:
+            break
+
+
+QUERY_FLOATS = 2**22
+
+
+def past_capacity(cfg: HopfieldConfig, results: list[dict[str, Any]]) -> bool:
+    """Has every corruption level's accuracy and overlap curve fallen below its threshold at some load?"""
+    return bool(results) and all(
+        any(r["accuracy"] < cfg.threshold for r in results if r["corruption"] == p)
+        and any(r["overlap"] < cfg.overlap_threshold for r in results if r["corruption"] == p)
+        for p in cfg.corruptions
+    )
 
 
 def capacities(
@@ -189,7 +221,12 @@ def capacities(
 
 
 def report(
-    cfg: HopfieldConfig, session: Session, model: HopfieldMemory, results: list[dict[str, Any]], done: int
+    cfg: HopfieldConfig,
+    session: Session,
+    model: HopfieldMemory,
+    results: list[dict[str, Any]],
+    done: int,
+    last: bool,
 ) -> None:
     headline = min(cfg.corruptions)
     cap = capacities(results, headline, cfg.threshold, cfg.overlap_threshold)
@@ -202,7 +239,7 @@ def report(
         "capacity_ratio_overlap": cap["capacity_overlap"] / cfg.d,
         "step": done,
     }
-    if done == len(cfg.loads):  # the curves: summarize() aggregates these rows across trials
+    if last:  # the curves: summarize() aggregates these rows across trials
         metrics["table"] = TableRows(_rows(cfg, results))
         session.log_artifact("retrieval_curve.png", curve_png(cfg, results))
     state = {
@@ -212,11 +249,13 @@ def report(
         "config": dataclasses.asdict(cfg),
     }
     # The patterns are 16 MB at d = 512 and every checkpoint is persisted: not one per load (23 by default).
-    keep = done % cfg.checkpoint_every == 0 or done == len(cfg.loads)
+    keep = done % cfg.checkpoint_every == 0 or last
     session.report(metrics, checkpoint=state if keep else None)
 
 
-TRIAL_KEYS = ("rule", "degree", "beta", "d", "queries", "steps", "threshold", "overlap_threshold", "seed")
+TRIAL_KEYS = (
+    "rule", "degree", "dense_activation", "beta", "d", "queries", "steps", "threshold", "overlap_threshold", "seed",
+)  # fmt: skip
 ROW_COLUMNS = (
     *TRIAL_KEYS,
     "inverse_temperature",
@@ -269,14 +308,21 @@ def curve_png(cfg: HopfieldConfig, results: list[dict[str, Any]]) -> bytes:
     fig = Figure(figsize=(10, 3.8), layout="constrained")
     ax_a, ax_m = fig.subplots(1, 2)
     _curve_axes(ax_a, ax_m, {f"p={p:g}": [r for r in results if r["corruption"] == p] for p in cfg.corruptions})
-    fig.suptitle(f"{rule_label(cfg.rule, cfg.degree, cfg.beta)}, d={cfg.d}")
+    fig.suptitle(f"{rule_label(cfg.rule, cfg.degree, cfg.beta, cfg.dense_activation)}, d={cfg.d}")
     return _png(fig)
+
+
+def _trial_order(kv: tuple[tuple[Any, ...], Any]) -> tuple[Any, ...]:
+    """Rule, then d, then the β of the modern rule (1/√d first), then the rest."""
+    t = dict(zip(TRIAL_KEYS, kv[0], strict=True))
+    return (RULES.index(t["rule"]), t["d"], -1.0 if t["beta"] is None else t["beta"], str(kv[0]))
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     """Per-(load, corruption) rows of every trial -> capacity.csv (one line per trial and corruption),
     retrieval.csv (every row), accuracy.png (accuracy and overlap vs N/d per rule and d at the smallest
-    corruption, with the 0.138 d line) and capacity.png (N*/d and N*_m/d vs d per rule, 0.138 line)."""
+    corruption, with the 0.138 d line), capacity.png (N*/d and N*_m/d vs d per rule, 0.138 line) and
+    capacity_d.png (N* and N*_m vs d on a log scale per rule and β, with the 0.138 d line)."""
     import csv
 
     from matplotlib.figure import Figure
@@ -290,7 +336,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     for r in rows:
         trials.setdefault(tuple(r[k] for k in TRIAL_KEYS), []).append(r)
     summary = []
-    for key, curve in sorted(trials.items(), key=lambda kv: (RULES.index(kv[0][0]), kv[0][3], str(kv[0]))):
+    for key, curve in sorted(trials.items(), key=_trial_order):
         trial = dict(zip(TRIAL_KEYS, key, strict=True))
         for p in sorted({r["corruption"] for r in curve}):
             cap = capacities(curve, p, trial["threshold"], trial["overlap_threshold"])
@@ -308,14 +354,14 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
         files[name] = buf.getvalue().encode()
 
     def label(t: dict[str, Any]) -> str:
-        return rule_label(t["rule"], t["degree"], t["beta"])
+        return rule_label(t["rule"], t["degree"], t["beta"], t["dense_activation"])
 
     headline = min(r["corruption"] for r in rows)
     dims = sorted({s["d"] for s in summary})
     colors = {lab: f"C{i % 10}" for i, lab in enumerate(dict.fromkeys(label(s) for s in summary))}  # one per rule
     dashes = ("-", "--", "-.", ":")  # one per d, the widest solid
     curves, styles = {}, {}
-    for key, curve in sorted(trials.items(), key=lambda kv: (RULES.index(kv[0][0]), kv[0][3], str(kv[0]))):
+    for key, curve in sorted(trials.items(), key=_trial_order):
         trial = dict(zip(TRIAL_KEYS, key, strict=True))
         name = f"{label(trial)}, d={trial['d']}"
         curves[name] = sorted((r for r in curve if r["corruption"] == headline), key=lambda r: r["N"])
@@ -348,7 +394,34 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
         ax.minorticks_off()
     ax_m.legend(fontsize=8)
     files["capacity.png"] = _png(fig)
+    files["capacity_d.png"] = _capacity_d_png(by_rule, colors, dims, headline)
     return files
+
+
+def _capacity_d_png(
+    by_rule: dict[str, list[dict[str, Any]]], colors: dict[str, str], dims: list[int], headline: float
+) -> bytes:
+    """N* and N*_m (not divided by d) vs d on a log y axis, one line per rule (and β), with 0.138 d: an
+    exponential capacity is a straight line here, a linear one bends over. Open triangles are lower bounds."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for lab, group in by_rule.items():
+        for ax, key, censored_key in zip(
+            axes, ("capacity", "capacity_overlap"), ("censored", "censored_overlap"), strict=True
+        ):
+            shown = [s for s in group if s[key] > 0]  # N* = 0 (the first load failed) has no place on a log axis
+            ax.plot([s["d"] for s in shown], [s[key] for s in shown], "o-", color=colors[lab], label=lab)
+            bounds = [(s["d"], s[key]) for s in shown if s[censored_key]]
+            if bounds:
+                ax.plot(*zip(*bounds, strict=True), "^", ms=10, mfc="none", color=colors[lab])
+    for ax, what in zip(axes, ("N* (exact retrieval >= threshold)", "N*_m (mean overlap >= threshold)"), strict=True):
+        ax.plot(dims, [CLASSICAL_CAPACITY * d for d in dims], color="grey", ls="--", lw=1, label="0.138 d (classical)")
+        ax.set(yscale="log", xlabel="d", ylabel=what, xticks=dims)
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"capacity vs width, queries with {headline:g} of the bits flipped (triangles: grid top reached)")
+    return _png(fig)
 
 
 TASK = Task(

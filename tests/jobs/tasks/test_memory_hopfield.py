@@ -147,7 +147,8 @@ def _fake_rows() -> list[dict[str, Any]]:
         for ratio, m in zip((0.1, 0.14, 0.5), overlaps, strict=True):
             for p in (0.1, 0.2):
                 rows.append(
-                    {"rule": rule, "degree": 3, "beta": None, "d": 100, "queries": 10, "steps": 10,
+                    {"rule": rule, "degree": 3, "dense_activation": "relu", "beta": None, "d": 100, "queries": 10,
+                     "steps": 10,
                      "threshold": 0.99, "overlap_threshold": 0.95, "seed": 0, "inverse_temperature": None,
                      "load_ratio": ratio, "N": round(ratio * 100), "corruption": p,
                      "accuracy": 1.0 if m == 1.0 else 0.5, "overlap": m if p == 0.1 else m / 2, "start_overlap": 0.8,
@@ -158,8 +159,8 @@ def _fake_rows() -> list[dict[str, Any]]:
 
 def test_summarize_writes_capacity_tables_and_plots() -> None:
     files = summarize(_fake_rows())
-    assert set(files) == {"capacity.csv", "retrieval.csv", "accuracy.png", "capacity.png"}
-    assert files["accuracy.png"].startswith(PNG) and files["capacity.png"].startswith(PNG)
+    assert set(files) == {"capacity.csv", "retrieval.csv", "accuracy.png", "capacity.png", "capacity_d.png"}
+    assert all(files[name].startswith(PNG) for name in ("accuracy.png", "capacity.png", "capacity_d.png"))
     cap = list(csv.DictReader(io.StringIO(files["capacity.csv"].decode())))
     got = {
         (r["rule"], r["corruption"]): (r["capacity"], r["capacity_overlap"], r["censored"], r["censored_overlap"])
@@ -175,7 +176,7 @@ def test_summarize_writes_capacity_tables_and_plots() -> None:
 def test_summarize_rejects_rows_it_cannot_read() -> None:
     with pytest.raises(ValueError, match="got no rows"):
         summarize([])
-    with pytest.raises(ValueError, match="rows lack overlap"):
+    with pytest.raises(ValueError, match="rows lack overlap;"):
         summarize([{k: v for k, v in _fake_rows()[0].items() if k != "overlap"}])
 
 
@@ -183,3 +184,54 @@ def test_sweep_file_validates() -> None:
     spec_module = pytest.importorskip("service.spec")
     spec = spec_module.parse_spec((REPO / "sweeps/memory_hopfield.yaml").read_text())
     assert spec.task == "memory.hopfield" and spec.metric.name == "capacity_ratio_overlap" and spec.trials_total == 12
+
+
+def test_stop_past_capacity_ends_the_curve_where_every_capacity_is_known() -> None:
+    # classical at d = 32: 0.138 d ~ 4 patterns; the grid goes to 8 d, but every curve fails long before
+    cfg = HopfieldConfig(
+        d=32, load_ratios=(0.05, 0.1, 0.2, 0.5, 1, 2, 4, 8), corruptions=(0.1, 0.25), queries=40,
+        stop_past_capacity=True, checkpoint_every=100,
+    )  # fmt: skip
+    stopped, full = _run(cfg), _run(dataclasses.replace(cfg, stop_past_capacity=False))
+    steps = [h["step"] for h in stopped.history]
+    assert steps[-1] < 8 and stopped.history == full.history[: len(steps) - 1] + [stopped.history[-1]]
+    last, whole = stopped.history[-1], full.history[-1]
+    table: list[dict[str, Any]] = last["table"]  # type: ignore[assignment]
+    assert {r["corruption"] for r in table} == {0.1, 0.25}
+    assert table == whole["table"][: len(table)]  # type: ignore[index]  # the same measurements, fewer of them
+    for key in ("capacity", "capacity_overlap"):  # lossless: the loads left could not change either capacity
+        assert last[key] == whole[key], key
+    assert stopped.last_checkpoint is not None and stopped.last_checkpoint["step"] == steps[-1]
+    again = _run(cfg, checkpoint=stopped.last_checkpoint)  # resumed after the final report: nothing left to do
+    assert again.history == []
+
+
+def test_query_chunks_give_the_same_curve(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.tasks import memory_hopfield
+
+    cfg = dataclasses.replace(TINY, rule="dense")
+    whole = _run(cfg)
+    monkeypatch.setattr(memory_hopfield, "QUERY_FLOATS", 1000)  # 15-500 queries per chunk
+    assert _run(cfg).history == whole.history
+
+
+def test_dense_activation_reaches_the_memory() -> None:
+    for activation in ("relu", "power"):
+        cfg = dataclasses.replace(TINY, rule="dense", dense_activation=activation)
+        assert build_model(cfg).dense_activation == activation
+    with pytest.raises(ValueError, match=r"^dense_activation: must be one of 'relu', 'power'"):
+        HopfieldConfig(dense_activation="gelu")  # type: ignore[arg-type]
+
+
+def test_beta_sweep_file_validates_and_its_grid_is_log_spaced() -> None:
+    spec_module = pytest.importorskip("service.spec")
+    spec = spec_module.parse_spec((REPO / "sweeps/memory_hopfield_beta.yaml").read_text())
+    assert spec.task == "memory.hopfield" and spec.trials_total == 20
+    params = spec.params
+    assert params["rule"] == "modern" and params["stop_past_capacity"] is True
+    for d in (16, 24, 32, 40):  # valid at every width of the sweep, and reaching 2^19 patterns at the widest
+        cfg = HopfieldConfig(d=d, load_ratios=params["load_ratios"], corruptions=params["corruptions"])
+        assert cfg.loads[0] <= 2 and cfg.loads[-1] >= (2**19 if d == 40 else 16 * d)
+    ratios = params["load_ratios"]
+    steps = [b / a for a, b in zip(ratios[4:], ratios[5:], strict=False)]
+    assert all(step == pytest.approx(2**0.5, rel=1e-5) for step in steps), steps  # log-spaced past 1/4
