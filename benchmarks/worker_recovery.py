@@ -4,9 +4,10 @@
     python benchmarks/worker_recovery.py --kills 1   # quicker
 
 `layerlab up --detach` under a temp LAYERLAB_HOME (MLflow, API, a supervised worker) runs a sweep of long
-tversky.xor trials. Each round waits until the trials report, then kills the worker's process group (the
-worker and the local Ray it started, as when its container dies) and times the gap from the kill to the
-next result any trial reports. Two ways, in the same run:
+tversky.xor trials. Each round waits until the trials report, then kills the worker's process group (as
+when its container dies; the stack's Ray head runs apart and frees the dead driver's trials) and times the
+gap from the kill to the next result any trial reports, with when the new worker started and when it
+claimed the sweep. Two ways, in the same run:
 - supervised (the product): `layerlab worker --supervise` starts a new worker, which takes over the dead
   worker's lease at once (same host, same boot, its pid gone);
 - baseline: the same, with LAYERLAB_TAKE_OVER_DEAD_LEASES=0, so the new worker waits for the lease
@@ -48,6 +49,18 @@ def _reports(home: Path) -> int:
         return int(db.execute("SELECT COALESCE(SUM(iteration), 0) FROM trials").fetchone()[0])
 
 
+def _attempts(home: Path) -> int:
+    with sqlite3.connect(home / "queue.db") as db:
+        return int(db.execute("SELECT COALESCE(MAX(attempts), 0) FROM sweeps").fetchone()[0])
+
+
+def _pid(home: Path) -> int | None:
+    try:
+        return int((home / "worker.pid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _wait(predicate, timeout: float, what: str, interval: float = 0.05) -> float:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -76,10 +89,14 @@ def run(kills: int, take_over: bool) -> list[float]:
             at = _reports(home)
             t_kill = time.monotonic()
             os.killpg(pid, signal.SIGKILL)
+            attempts = _attempts(home)
+            t_worker = _wait(lambda p=pid: _pid(home) not in (p, None), 300, "a new worker")
+            t_claim = _wait(lambda a=attempts: _attempts(home) > a, 300, "the sweep to be claimed again")
             t_back = _wait(lambda a=at: _reports(home) > a + 1, 300, "a result after the kill")
             gaps.append(t_back - t_kill)
             print(f"  {'supervised' if take_over else 'baseline  '} kill {k + 1}: trials report again after "
-                  f"{gaps[-1]:.1f}s", flush=True)  # fmt: skip
+                  f"{gaps[-1]:.1f}s (new worker at {t_worker - t_kill:.1f}s, sweep claimed at "
+                  f"{t_claim - t_kill:.1f}s)", flush=True)  # fmt: skip
     finally:
         subprocess.run([LAYERLAB, "down"], env=env, capture_output=True)
     return gaps

@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from service import cli_views as views
+from service import local_ray
 from service.errors import SpecError
 from service.settings import Settings, get_settings
 
@@ -358,11 +359,21 @@ def worker(
             "the new one takes over the dead one's sweep at once. Its pid is in <home>/worker.pid.",
         ),
     ] = False,
+    standby: Annotated[
+        bool, typer.Option("--standby", hidden=True, help="Load everything, then wait for 'go' on stdin.")
+    ] = False,
 ) -> None:
     """Claim sweeps and run them on Ray (local Ray unless RAY_ADDRESS is set)."""
     from workers.worker import Worker
 
     _setup_logging()
+    if standby:  # the supervisor's spare worker (workers/supervisor.py)
+        from workers.supervisor import wait_for_go
+        from workers.worker import warm_up
+
+        warm_up(get_settings())
+        if not wait_for_go():
+            return
     if supervise:
         from workers.supervisor import supervise as run_supervised
 
@@ -506,7 +517,7 @@ def up(
     api_port: Annotated[int, typer.Option()] = 8000,
     mlflow_port: Annotated[int, typer.Option()] = 5000,
 ) -> None:
-    """Start the embedded stack: MLflow UI, the API and one worker (logs in .layerlab/logs)."""
+    """Start the embedded stack: MLflow UI, the API, a Ray head and a supervised worker (logs in .layerlab/logs)."""
     settings = get_settings()
     home = settings.home_abs
     logs = home / "logs"
@@ -527,13 +538,30 @@ def up(
     commands = {
         "mlflow": _mlflow_server_cmd(settings, mlflow_port),
         "api": [*me, "serve", "--port", str(api_port)],
-        "worker": [*me, "worker", "--supervise"],
     }
     procs: dict[str, subprocess.Popen[bytes]] = {}
     for name, cmd in commands.items():
         log_file = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         procs[name] = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    pid_file.write_text(json.dumps({n: p.pid for n, p in procs.items()}))
+    pids = {n: p.pid for n, p in procs.items()}
+    pid_file.write_text(json.dumps(pids))
+    if not settings.ray_address:  # the stack's own Ray, which outlives a crashed worker (service/local_ray.py)
+        ray_log, ray_port = logs / "ray.log", local_ray.free_port()
+        head = local_ray.start_head(ray_port, settings.ray_num_cpus, _ray_env(env), open(ray_log, "ab"))  # noqa: SIM115
+        pids["ray"] = head.pid
+        pid_file.write_text(json.dumps(pids))
+        try:
+            local_ray.wait_started(head, 120, ray_log)
+        except RuntimeError as exc:
+            down()
+            raise _fail(str(exc)) from None
+        env["RAY_ADDRESS"] = f"127.0.0.1:{ray_port}"
+    worker_log = open(logs / "worker.log", "ab")  # noqa: SIM115 - owned by the child
+    procs["worker"] = subprocess.Popen(
+        [*me, "worker", "--supervise"], env=env, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    pids["worker"] = procs["worker"].pid
+    pid_file.write_text(json.dumps(pids))
     _wait_http(f"http://127.0.0.1:{api_port}/healthz", 120, procs)
     _wait_http(f"http://127.0.0.1:{mlflow_port}/health", 120, procs)
     out.print(
@@ -551,14 +579,16 @@ def up(
     down()
 
 
+def _ray_env(env: dict[str, str]) -> dict[str, str]:
+    """The worker's environment for the head: Ray's trial processes inherit the head's, not the driver's."""
+    from workers.worker import RAY_ENV_DEFAULTS, WORKER_ENV_DEFAULTS
+
+    return {**RAY_ENV_DEFAULTS, **WORKER_ENV_DEFAULTS, **env}
+
+
 def _alive(pids: dict[str, int]) -> bool:
-    for pid in pids.values():
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            continue
-    return False
+    """Whether any of the stack's process groups (each process was started in a session of its own) runs."""
+    return any(local_ray.running(pgid) for pgid in pids.values())
 
 
 @app.command()
@@ -569,6 +599,7 @@ def down() -> None:
         out.print("nothing to stop")
         return
     pids = json.loads(pid_file.read_text())
+    ray_head = pids.pop("ray", None)
     worker_pid = get_settings().home_abs / "worker.pid"  # the supervised worker, in a process group of its own
     if worker_pid.exists() and worker_pid.read_text().strip().isdigit():
         pids["worker-child"] = int(worker_pid.read_text())
@@ -577,10 +608,7 @@ def down() -> None:
             continue  # the supervisor ("worker") passes SIGTERM on to it
         try:
             if name == "worker":
-                # The worker alone: it gives its sweep back and shuts its local Ray down itself. Its whole
-                # group at once (its Ray too) left it retrying the dead Ray at a full core until the
-                # SIGKILL below, 30 s later.
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGTERM)  # it gives its sweep back, through Ray, which stops after it
             else:
                 os.killpg(pid, signal.SIGTERM)
         except OSError:
@@ -593,6 +621,8 @@ def down() -> None:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
+    if ray_head is not None:
+        local_ray.stop(ray_head)
     pid_file.unlink(missing_ok=True)
     worker_pid.unlink(missing_ok=True)
     out.print("stopped")

@@ -77,6 +77,27 @@ def ensure_ray(settings: Settings) -> None:
         ray.init(num_cpus=settings.ray_num_cpus, include_dashboard=False, log_to_driver=False)
 
 
+def warm_up(settings: Settings) -> None:
+    """Load what a sweep needs before any is claimed, for a spare worker (workers.supervisor.Standby):
+    Ray, Tune, the tasks (torch), MLflow's store, and a connection to Ray."""
+    import mlflow
+
+    import workers.sweep
+    import workers.tracking  # noqa: F401 - imported for its cost
+    from jobs.registry import get_task, task_names
+
+    for name in task_names():
+        try:
+            get_task(name)
+        except Exception as exc:  # a task this machine cannot import fails its sweeps, not the spare
+            log.warning("task %s does not import here: %s", name, exc)
+    ensure_ray(settings)
+    try:
+        mlflow.MlflowClient(settings.tracking_uri).search_experiments(max_results=1)
+    except Exception as exc:  # MLflow away: the sweep's own calls wait for it
+        log.info("MLflow at %s did not answer the warm-up: %s", settings.tracking_uri, exc)
+
+
 @dataclass
 class StopRequests:
     """Why this attempt should stop before its trials are done. Set from any thread; acted on by the

@@ -72,9 +72,12 @@ def test_down_after_a_sweep_stops_every_process_within_seconds(tmp_path: Path) -
         done = subprocess.run([LAYERLAB, "submit", str(spec), "--wait"], env=env, timeout=300, capture_output=True)
         assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
         worker = int((tmp_path / "worker.pid").read_text())  # the supervised worker, in a group of its own
-        assert len(_group(worker)) > 1, "the worker's local Ray should be running in its group"
+        assert _group(pids["ray"]), "the stack's Ray head should run in a group of its own"
+        spare = _spare(pids["worker"], worker)
+        assert spare is not None, "the supervisor should keep a spare worker"
 
-        # kill -9 of the worker and its Ray mid-sweep: the supervisor starts another, which takes over at once
+        # kill -9 of the worker mid-sweep: the spare takes its place and takes the sweep over at once, on the
+        # same Ray (still running: it was not in the worker's group)
         spec.write_text(LONG)
         sweep_id = _submit(spec, env)
         store = QueueStore(Settings(home=tmp_path).queue_url)
@@ -89,7 +92,9 @@ def test_down_after_a_sweep_stops_every_process_within_seconds(tmp_path: Path) -
         assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
         assert "lease_expired" in [e.action for e in store.events(sweep_id)]
         worker = int((tmp_path / "worker.pid").read_text())
+        assert worker == spare, "the spare worker should have taken the dead worker's place"
         pids["worker-child"] = worker
+        pids["spare"] = wait_until(lambda: _spare(pids["worker"], worker), 90, "the supervisor's new spare worker")
 
         start = time.monotonic()
         subprocess.run([LAYERLAB, "down"], env=env, check=True, timeout=120, capture_output=True)
@@ -106,6 +111,22 @@ def test_down_after_a_sweep_stops_every_process_within_seconds(tmp_path: Path) -
                 os.killpg(pgid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def _spare(supervisor: int, worker: int) -> int | None:
+    """The supervisor's spare: its child started with --standby (a session of its own, so its pid is its
+    group) that is not the worker (a promoted spare keeps its command line)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == worker:
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[1]) == supervisor and b"--standby" in cmdline:
+            return int(entry)
+    return None
 
 
 def _submit(spec: Path, env: dict[str, str]) -> int:
