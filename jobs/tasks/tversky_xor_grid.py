@@ -290,8 +290,9 @@ def _per_feature_terms(
     return inter, s_a - m, s_b - m  # Σ_k relu(u_k - v_k) = s_A - Σ_k min(u_k, v_k)
 
 
-def _official_layers(cfg: XorGridConfig) -> dict[bool, nn.Module]:
-    """tversky==0.2.1's TverskyProjection per normalize value: its forward, with the stack's parameters swapped in."""
+def _official_layer(cfg: XorGridConfig) -> nn.Module:
+    """tversky==0.2.1's TverskyProjection with normalize=False (`official_similarity` normalises before it): its
+    forward, with the stack's parameters swapped in."""
     try:
         from tversky.nn import TverskyProjection as OfficialProjection
     except ImportError as e:
@@ -300,10 +301,8 @@ def _official_layers(cfg: XorGridConfig) -> dict[bool, nn.Module]:
             f"extra of pyproject.toml), or drop official from implementation ({e})"
         ) from e
     with torch.random.fork_rng(devices=[]):  # its constructor draws U(0, 1) weights, which are never used
-        return {
-            norm: OfficialProjection(2, 2, 1, cfg.similarity, norm, cfg.intersection, cfg.difference)
-            for norm in cfg.normalize
-        }  # a 1-row bank: functional_call swaps in each block's [w, 2] bank
+        layer: nn.Module = OfficialProjection(2, 2, 1, cfg.similarity, False, cfg.intersection, cfg.difference)
+    return layer  # a 1-row bank: functional_call swaps in each block's [w, 2] bank
 
 
 def official_similarity(
@@ -314,12 +313,20 @@ def official_similarity(
     theta: torch.Tensor,
     alpha: torch.Tensor,
     beta: torch.Tensor,
+    normalize: torch.Tensor,
 ) -> torch.Tensor:
     """M official layers: the library's own forward, vmapped over the stack (x [M, N, d], y [M, P, d], bank
-    [M, F, d], θ/α/β [M] -> [M, N, P]). Its gmean backward is NaN wherever IA or IB is 0, as in the paper's runs.
+    [M, F, d], θ/α/β [M], normalize [M] bool -> [M, N, P]). Its gmean backward is NaN wherever IA or IB is 0, as
+    in the paper's runs.
 
-    Zero bank rows (|Ω| < max) are inert here too: x·0 = 0 is not > threshold 0, so they are in no feature set.
+    normalize=True is the library's first step, `F.normalize(x, dim=1)` and the same on the prototypes, done here
+    per model before the layer (built with normalize=False), as ours does it: then one block holds both values.
+    Each official block costs ~4 ms of vmap overhead a step (12 blocks a trial made official 1.7x slower).
+    Zero bank rows (|Ω| < width) are inert here too: x·0 = 0 is not > threshold 0, so they are in no feature set.
     """
+    keep = normalize[:, None, None]  # [M, 1, 1]
+    x = torch.where(keep, F.normalize(x, dim=-1), x)
+    y = torch.where(keep, F.normalize(y, dim=-1), y)
 
     def one(x: torch.Tensor, y: torch.Tensor, bank: torch.Tensor, *scalars: torch.Tensor) -> torch.Tensor:
         params = {"feature_bank.weight": bank, "prototypes.weight": y}
@@ -338,14 +345,15 @@ class TverskyXorGrid(nn.Module):
     feature_bank [M, max |Ω|, 2] (rows >= |Ω|_m are zero and stay zero, see the module docstring), prototypes
     [M, 2, 2], theta/alpha/beta [M]. Buffers: normalize [M], num_features [M], and failed_step [M] (0 while
     every loss and gradient of the model has been finite; else the step that was not, its parameters frozen).
-    `blocks` are the contiguous (start, stop, implementation, semantics, width, normalize) runs of models that
-    share a forward path and the first `width` bank rows; the official layers are plain attributes, so they add
-    no parameters and no state-dict keys.
+    `blocks` are the contiguous (start, stop, implementation, semantics, width) runs of models that share a
+    forward path and the first `width` bank rows. `official` (the library's layer, or None) is stored outside
+    `_modules`, so it adds no parameters and no state-dict keys.
     """
 
     normalize: torch.Tensor
     num_features: torch.Tensor
     failed_step: torch.Tensor
+    official: nn.Module | None
 
     def __init__(self, cfg: XorGridConfig) -> None:
         super().__init__()
@@ -360,11 +368,12 @@ class TverskyXorGrid(nn.Module):
         self.register_buffer("normalize", torch.tensor([p["normalize"] for p in points]))
         self.register_buffer("num_features", torch.tensor([p["features"] for p in points]))
         self.register_buffer("failed_step", torch.zeros(m, dtype=torch.long))
-        self.blocks: list[tuple[int, int, str, str, int, bool]] = []
+        self.blocks: list[tuple[int, int, str, str, int]] = []
         for key, group in itertools.groupby(enumerate(points), key=lambda ip: _block_key(ip[1])):
             indices = [i for i, _ in group]
             self.blocks.append((indices[0], indices[-1] + 1, *key))
-        self.official = _official_layers(cfg) if "official" in cfg.implementation else {}
+        # object.__setattr__: not nn.Module's, which would register the layer and its unused U(0, 1) parameters.
+        object.__setattr__(self, "official", _official_layer(cfg) if "official" in cfg.implementation else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -378,7 +387,7 @@ class TverskyXorGrid(nn.Module):
             for i, p in enumerate(grid_points(cfg)):
                 # The CPU generator alone: torch.manual_seed also seeds CUDA, which records a traceback per call
                 # (~5 ms: 75 of 100 s building the sweep's 14,580 models). The official layer starts from ours.
-                torch.random.default_generator.manual_seed(p["init_seed"])
+                torch.default_generator.manual_seed(p["init_seed"])
                 f = p["features"]
                 for init, rows, target in (
                     (p["feature_init"], f, self.feature_bank),
@@ -398,7 +407,7 @@ class TverskyXorGrid(nn.Module):
             x = x.expand(self.prototypes.shape[0], *x.shape)  # [N, 2] -> [M, N, 2], a view
         cfg = self.cfg
         outs = []
-        for start, stop, implementation, semantics, width, normalize in self.blocks:
+        for start, stop, implementation, semantics, width in self.blocks:
             block = slice(start, stop)  # views: each block's gradient lands in its rows of the stacked parameters
             if skip_failed and bool((self.failed_step[block] > 0).all()):
                 outs.append(x.new_zeros(stop - start, x.shape[1], self.prototypes.shape[1]))
@@ -406,19 +415,11 @@ class TverskyXorGrid(nn.Module):
             args = (x[block], self.prototypes[block], self.feature_bank[block, :width])  # bank [B, F, 2] -> [B, w, 2]
             scalars = (self.theta[block], self.alpha[block], self.beta[block])
             if implementation == "official":
-                outs.append(official_similarity(self.official[normalize], *args, *scalars))
+                assert self.official is not None  # built whenever cfg.implementation has official
+                outs.append(official_similarity(self.official, *args, *scalars, self.normalize[block]))
             else:
-                outs.append(
-                    grid_similarity(
-                        *args,
-                        *scalars,
-                        self.normalize[block],
-                        cfg.intersection,
-                        cfg.difference,
-                        cfg.similarity,
-                        semantics,
-                    )  # fmt: skip
-                )
+                terms = (cfg.intersection, cfg.difference, cfg.similarity, semantics)
+                outs.append(grid_similarity(*args, *scalars, self.normalize[block], *terms))
         return outs[0] if len(outs) == 1 else torch.cat(outs)  # [M, N, P]
 
     def extra_repr(self) -> str:
@@ -426,13 +427,10 @@ class TverskyXorGrid(nn.Module):
         return f"models={self.prototypes.shape[0]}, {cfg.intersection}, {cfg.difference}, {cfg.similarity}"
 
 
-def _block_key(point: dict[str, Any]) -> tuple[str, str, int, bool]:
+def _block_key(point: dict[str, Any]) -> tuple[str, str, int]:
     # Bank width: |Ω| rounded up to MIN_BLOCK_WIDTH. At 4860 models a way the cost is per element, no longer per
     # op, and one stack padded to 32 did ~2.4x the work of blocks of width 8, 16 and 32 on the paper's |Ω| grid.
-    # ours takes normalize per model (a select); the official layer holds it as an attribute: one block each.
-    official = point["implementation"] == "official"
-    width = max(MIN_BLOCK_WIDTH, point["features"])
-    return point["implementation"], point["semantics"], width, bool(point["normalize"]) if official else False
+    return point["implementation"], point["semantics"], max(MIN_BLOCK_WIDTH, point["features"])
 
 
 def build_model(cfg: XorGridConfig) -> TverskyXorGrid:
