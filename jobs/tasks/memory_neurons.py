@@ -2,7 +2,15 @@
 suppressed, amplified or edited (Dai et al., "Knowledge Neurons in Pretrained Transformers", ACL 2022; the FFN as
 key-value memory of Geva et al., EMNLP 2021; reference/models.md part C.1, C.2, C.6.4).
 
-Protocol:
+Protocol (source=synthetic, the default: facts a small model can store, as Dai et al.'s are facts):
+1. Train the `tversky.lm` GPT (linear head by default) for `lm_steps` on sentences that state subject -> attribute
+   facts of made-up subjects (jobs/data/facts.py: "the capital of bako is arvel", 3 relations x 8 attributes,
+   3 templates per relation), `batch_size` sentences per step, tversky.lm's AdamW schedule.
+2. Facts: the facts whose attribute the model ranks first on every template's prompt (the templates are the
+   paraphrases); `num_facts` of them in a seeded order. An edit writes another attribute of the same relation.
+Steps 3-6 below as for the corpus.
+
+Protocol (source=corpus: word-pair "facts" of a text corpus, kept to compare with the synthetic facts):
 1. Train the `tversky.lm` GPT (linear head by default) on the pydoc corpus for `lm_steps`, through
    `jobs.tasks.tversky_lm.train` itself: same model, data, optimiser and schedule.
 2. Facts. Every `prompt_len`-token window of the valid split is a prompt and the word after it its target. A
@@ -17,13 +25,15 @@ Protocol:
 5. Suppress (x0) and amplify (x2) the fact's neurons at the last position: relative change of P(target) on its
    own prompts, |relative change| on every other fact's prompts (control), and the drop from as many random
    neurons of the same layers (baseline).
-6. Edit: v_i <- v_i - λ·E[target] + λ·E[new] on the fact's neurons, with new = the next fact's target; success
-   = new is top-1; control = |relative change| of P(target) on the prompts of the other facts (not the new one's).
+6. Edit: v_i <- v_i - λ·E[target] + λ·E[new] on the fact's neurons, with new = the next fact's target (synthetic:
+   the next attribute of the fact's relation); success = new is top-1; new_gain = the rise of P(new) (absolute);
+   control = |relative change| of P(target) on the prompts of the other facts whose target is not `new`.
 
 Paper figures (BERT-base, PARAREL): suppressing lowers the correct answer's probability by ~29% on average,
 amplifying raises it by ~31%, unrelated facts move little (models.md C.2: figures from memory, to verify).
 
-Run alone: `python -m jobs run memory.neurons --set lm_steps=300 --set num_facts=4`.
+Run alone: `python -m jobs run memory.neurons --set lm_steps=300 --set num_facts=4`
+(the corpus path: `--set source=corpus`).
 """
 
 from __future__ import annotations
@@ -31,12 +41,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import annotated_types as at
 import torch
 
 from jobs.config import check_fields, check_lm_schedule
+from jobs.data import facts as synthetic
 from jobs.data.paths import DataPath
 from jobs.data.text import EOS, UNK, Corpus, decode, eval_windows, load_text
 from jobs.layers import knowledge_neurons as kn
@@ -48,8 +59,13 @@ from jobs.tasks import tversky_lm
 
 @dataclass(frozen=True)
 class NeuronsConfig:
+    source: Literal["synthetic", "corpus"] = "synthetic"
+    """synthetic: subject -> attribute facts written into generated sentences (jobs/data/facts.py); corpus: word-pair
+    facts the LM picks up from `corpus` (module docstring)."""
+    num_subjects: Annotated[int, at.Gt(0), at.Le(4800)] = 48
+    """synthetic: made-up subjects, 3 facts each (capital, flag color, sport)."""
     corpus: Corpus = "pydoc"
-    """pydoc: the Python docs' English text (offline); ptb: Penn Treebank from the Hub or data_files."""
+    """corpus only: pydoc, the Python docs' English text (offline); ptb: Penn Treebank from the Hub or data_files."""
     data_files: DataPath | None = None
     """ptb only: a folder holding ptb.train.txt, ptb.valid.txt, ptb.test.txt (no network needed)."""
     vocab_size: Annotated[int, at.Ge(3)] = 2000
@@ -64,11 +80,13 @@ class NeuronsConfig:
     """Width d of the residual stream."""
     block_size: Annotated[int, at.Gt(0)] = 64
     """Context length of training windows and of the context search."""
-    batch_size: Annotated[int, at.Gt(0)] = 16
-    """LM training windows per step."""
-    lm_steps: Annotated[int, at.Gt(0)] = 800
-    """LM optimizer steps (~30 s on one core). Facts need a model that knows some: at 300 steps the confident
-    facts are mostly "in -> the"; at 800 "built -> in", "pep -> N", "passed -> to", "such -> as" appear."""
+    batch_size: Annotated[int, at.Gt(0)] = 64
+    """LM training windows (synthetic: sentences) per step; the corpus sweep sets 16."""
+    lm_steps: Annotated[int, at.Gt(0)] = 700
+    """LM optimizer steps. synthetic (48 subjects, batch 64): 700 steps store every fact (~14 s on one core,
+    P(attribute) ~0.98), 400 steps 62% of them (P ~0.4), 1500 steps saturate (P ~0.999). corpus (pydoc, batch 16,
+    ~30 s at 800): at 300 steps the confident facts are mostly "in -> the"; at 800 "built -> in", "pep -> N",
+    "passed -> to", "such -> as" appear."""
     lr: Annotated[float, at.Gt(0)] = 3e-3
     """Peak AdamW learning rate (tversky.lm's schedule: warmup, cosine to 0.1 lr)."""
     warmup_steps: Annotated[int, at.Ge(0)] = 30
@@ -102,12 +120,17 @@ class NeuronsConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         check_lm_schedule(self, steps="lm_steps")
-        if self.prompt_len > self.block_size:
+        if self.source == "corpus" and self.prompt_len > self.block_size:
             raise ValueError(f"prompt_len: must be <= block_size ({self.block_size}), got {self.prompt_len}")
         if self.fact_context > self.prompt_len:
             raise ValueError(f"fact_context: must be <= prompt_len ({self.prompt_len}), got {self.fact_context}")
         if self.data_files is not None and self.corpus != "ptb":
             raise ValueError(f"data_files: only the ptb corpus reads files, got corpus={self.corpus!r}")
+        if self.source == "synthetic" and self.block_size <= synthetic.PROMPT_LEN:
+            raise ValueError(
+                f"block_size: must be > {synthetic.PROMPT_LEN} (a synthetic sentence's prompt and attribute), "
+                f"got {self.block_size}"
+            )
 
 
 METRICS = {
@@ -118,6 +141,7 @@ METRICS = {
     "kn/count": "min",
     "kn/value_hit": "max",
     "edit/success": "max",
+    "edit/new_gain": "max",
     "edit/control_change": "min",
     "lm/val_loss": "min",
 }
@@ -143,7 +167,10 @@ def lm_config(cfg: NeuronsConfig) -> tversky_lm.LmConfig:
 
 
 def build_model(cfg: NeuronsConfig) -> GPT:
-    return tversky_lm.build_model(lm_config(cfg))
+    lm = lm_config(cfg)
+    if cfg.source == "synthetic":  # the vocabulary is the world's: its words, attributes and names
+        lm = dataclasses.replace(lm, vocab_size=len(synthetic.make_world(cfg.num_subjects, cfg.seed).vocab))
+    return tversky_lm.build_model(lm)
 
 
 def example_input(cfg: NeuronsConfig) -> torch.Tensor:
@@ -177,6 +204,7 @@ class Fact:
     target: int
     prompts: torch.Tensor  # (P, T)
     probs: list[float]  # P(target) per prompt
+    alternative: int | None = None  # the new target of an edit; None: the next fact's target
 
 
 @torch.no_grad()
@@ -205,6 +233,58 @@ def find_facts(model: GPT, split: torch.Tensor, cfg: NeuronsConfig, skip: set[in
     return facts
 
 
+def train_fact_lm(
+    cfg: NeuronsConfig, world: synthetic.FactWorld, device: torch.device | str
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """Train the GPT on the world's sentences (module docstring, synthetic step 1) -> (state dict, metrics).
+
+    tversky.lm's optimiser and schedule; each step takes `batch_size` sentences drawn uniformly, and the loss is
+    every next-token prediction of the sentence (the attribute's among them), as LM training has it."""
+    # --- setup
+    torch.manual_seed(cfg.seed)
+    lm = lm_config(cfg)
+    model = build_model(cfg).to(device)
+    optimizer = tversky_lm.configure_optimizer(lm, model)
+    sentences = world.sentences().to(device)  # (S, T + 1)
+    g = torch.Generator().manual_seed(cfg.seed)
+    model.train()
+    for step in range(1, cfg.lm_steps + 1):
+        # --- update
+        for group in optimizer.param_groups:
+            group["lr"] = tversky_lm.get_lr(lm, step)
+        batch = sentences[torch.randint(len(sentences), (cfg.batch_size,), generator=g).to(device)]
+        _, loss = model(batch[:, :-1], batch[:, 1:].contiguous())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    # --- log: the sentences are the whole data set (the task is to store them), so they are also the eval set
+    model.eval()
+    with torch.no_grad():
+        _, loss = model(sentences[:, :-1], sentences[:, 1:].contiguous())
+        top1 = model(sentences[:, :-2])[:, -1].argmax(-1)  # (S,): the word predicted after each prompt
+    per_fact = (top1 == sentences[:, -2]).view(len(world.facts), -1).all(dim=1)  # (F,) every template right
+    metrics = {"val/loss": loss.item(), "facts_known": per_fact.float().mean().item()}
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, metrics
+
+
+@torch.no_grad()
+def known_facts(model: GPT, world: synthetic.FactWorld, cfg: NeuronsConfig) -> list[Fact]:
+    """`num_facts` facts whose attribute is top-1 on every one of their prompts, in a seeded order."""
+    device = next(model.parameters()).device
+    order = torch.randperm(len(world.facts), generator=torch.Generator().manual_seed(cfg.seed + 1)).tolist()
+    facts: list[Fact] = []
+    for f in order:
+        subject, _, attribute = world.facts[f]
+        prompts = world.prompts(f).to(device)  # (P, T)
+        probs = model(prompts)[:, -1].float().softmax(-1)  # (P, V)
+        if bool((probs.argmax(-1) == attribute).all()):
+            facts.append(Fact([subject], attribute, prompts, probs[:, attribute].tolist(), world.alternative(f)))
+        if len(facts) == cfg.num_facts:
+            break
+    return facts
+
+
 def _relative(after: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
     return (after - before) / before
 
@@ -215,24 +295,36 @@ def train(cfg: NeuronsConfig, session: Session) -> None:
     device = session.device
 
     # --- language model: trained once; a resumed trial reuses the checkpointed weights
-    if session.checkpoint is None:
+    world = synthetic.make_world(cfg.num_subjects, cfg.seed) if cfg.source == "synthetic" else None
+    if session.checkpoint is not None:
+        weights, vocab, lm_metrics = (session.checkpoint[k] for k in ("model", "vocab", "lm_metrics"))
+    elif world is not None:
+        weights, lm_metrics = train_fact_lm(cfg, world, device)
+        vocab = world.vocab
+    else:
         lm = _LmSession(session)
         tversky_lm.train(lm_config(cfg), lm)
         assert lm.state is not None, "tversky.lm reports at its last step"
         weights, vocab, lm_metrics = lm.state["model"], lm.state["vocab"], lm.metrics
-    else:
-        weights, vocab, lm_metrics = (session.checkpoint[k] for k in ("model", "vocab", "lm_metrics"))
-    data = load_text(cfg.corpus, cfg.vocab_size, cfg.data_files, vocab=vocab)
     model = build_model(cfg).to(device)
     model.load_state_dict(weights)
     model.eval().requires_grad_(False)  # integrated gradients needs gradients of activations only
 
     # --- facts
-    facts = find_facts(model, data.valid.to(device), cfg, skip={vocab.index(UNK), vocab.index(EOS)})
+    if world is not None:
+        facts = known_facts(model, world, cfg)
+        windows = world.sentences()  # (W, T + 1): the training sentences, searched for each key's contexts
+        where = "of the synthetic world"
+    else:
+        data = load_text(cfg.corpus, cfg.vocab_size, cfg.data_files, vocab=vocab)
+        facts = find_facts(model, data.valid.to(device), cfg, skip={vocab.index(UNK), vocab.index(EOS)})
+        windows = eval_windows(data.train, cfg.block_size)  # (W, T + 1): inputs and each position's next word
+        windows = windows[torch.linspace(0, len(windows) - 1, min(cfg.context_windows, len(windows))).long()]
+        where = "on the valid split"
     if len(facts) < 3:
         raise ValueError(
-            f"the model knows {len(facts)} fact(s) on the valid split, at least 3 are needed; raise lm_steps "
-            f"(got {cfg.lm_steps}) or lower prompt_len / fact_context"
+            f"the model knows {len(facts)} fact(s) {where}, at least 3 are needed; raise lm_steps "
+            f"(got {cfg.lm_steps})" + (" or lower prompt_len / fact_context" if world is None else "")
         )
     prompts = torch.cat([f.prompts for f in facts])  # (F*P, T)
     owner = torch.cat([torch.full((len(f.prompts),), j) for j, f in enumerate(facts)])  # (F*P,) fact of each row
@@ -252,8 +344,6 @@ def train(cfg: NeuronsConfig, session: Session) -> None:
         neurons.append(sorted(found, key=lambda n: -weight[-1][n])[: cfg.max_neurons])
 
     # --- keys and values
-    windows = eval_windows(data.train, cfg.block_size)  # (W, T + 1): inputs and each position's next word
-    windows = windows[torch.linspace(0, len(windows) - 1, min(cfg.context_windows, len(windows))).long()]
     acts = kn.neuron_activations(model, windows[:, :-1].to(device))  # (L, W, T, 4d)
 
     # --- interventions and edits
@@ -273,9 +363,10 @@ def train(cfg: NeuronsConfig, session: Session) -> None:
             rand.append(r)
         with kn.scale_neurons(model, rand, 0.0):
             random_suppressed = kn.target_probs(model, prompts, targets)
-        new = facts[(j + 1) % len(facts)].target
-        controls = others & (owner != (j + 1) % len(facts))  # the new target's fact is expected to move
+        new = facts[(j + 1) % len(facts)].target if f.alternative is None else f.alternative
+        controls = others & (targets != new)  # facts whose answer is the new target are expected to move
         new_targets = torch.full_like(targets, new)
+        before_new = kn.target_probs(model, prompts, new_targets)
         with kn.edited_values(model, found, f.target, new, cfg.edit_lambda):
             edited = kn.target_probs(model, prompts, targets)
             edited_new = kn.target_probs(model, prompts, new_targets)
@@ -298,9 +389,10 @@ def train(cfg: NeuronsConfig, session: Session) -> None:
                 "value_hit": float(any(f.target in v for v in values)),
                 "p_before": base[own].tolist(),
                 "p_after": edited[own].tolist(),
-                "p_new_before": kn.target_probs(model, prompts[own], new_targets[own]).tolist(),
+                "p_new_before": before_new[own].tolist(),
                 "p_new_after": edited_new[own].tolist(),
                 "edit_success": (edited_top1 == new).float().mean().item(),
+                "edit_new_gain": (edited_new - before_new)[own].mean().item(),  # absolute: P(new) starts near 0
                 "edit_control_change": _relative(edited, base)[controls].abs().mean().item(),
             }
         )
@@ -311,6 +403,8 @@ def train(cfg: NeuronsConfig, session: Session) -> None:
 
     all_neurons = [n for r in rows for n in r["neurons"]]
     metrics = {
+        "ffn/active_fraction": (acts > 0).float().mean().item(),  # gelu(z) > 0 iff z > 0: units on, over the contexts
+        "kn/base_prob": base.mean().item(),  # P(target) before any intervention: near 1, x2 has little room
         "kn/suppress_drop": average("suppress_drop"),
         "kn/amplify_gain": average("amplify_gain"),
         "kn/control_change": average("control_change"),
@@ -320,10 +414,12 @@ def train(cfg: NeuronsConfig, session: Session) -> None:
         "kn/value_hit": average("value_hit"),
         "kn/facts": len(facts),
         "edit/success": average("edit_success"),
+        "edit/new_gain": average("edit_new_gain"),
         "edit/control_change": average("edit_control_change"),
         "lm/val_loss": float(lm_metrics["val/loss"]),
         "lm/perplexity": math.exp(min(float(lm_metrics["val/loss"]), 700.0)),
         "lm/steps": cfg.lm_steps,
+        **({"lm/facts_known": float(lm_metrics["facts_known"])} if "facts_known" in lm_metrics else {}),
     }
     session.log_artifact("knowledge_neurons.md", report_markdown(cfg, metrics, rows, vocab).encode())
     state = {
@@ -333,6 +429,12 @@ def train(cfg: NeuronsConfig, session: Session) -> None:
         "lm_metrics": dict(lm_metrics),
     }
     session.report(metrics, checkpoint=state)
+
+
+def data_name(cfg: NeuronsConfig) -> str:
+    if cfg.source == "synthetic":
+        return f"synthetic facts ({cfg.num_subjects} subjects x {len(synthetic.RELATIONS)} relations)"
+    return cfg.corpus
 
 
 def report_markdown(cfg: NeuronsConfig, metrics: dict[str, float], rows: list[dict[str, Any]], vocab: list[str]) -> str:
@@ -347,7 +449,7 @@ def report_markdown(cfg: NeuronsConfig, metrics: dict[str, float], rows: list[di
     out = [
         "# Knowledge neurons (memory.neurons)",
         "",
-        f"LM: {cfg.n_layer} layers x {4 * cfg.n_embd} FFN neurons, {cfg.lm_steps} steps on {cfg.corpus}, "
+        f"LM: {cfg.n_layer} layers x {4 * cfg.n_embd} FFN neurons, {cfg.lm_steps} steps on {data_name(cfg)}, "
         f"val perplexity {metrics['lm/perplexity']:.1f}. Threshold t={cfg.threshold}, share p={cfg.share}, "
         f"{cfg.ig_steps} IG steps, edit λ={cfg.edit_lambda}.",
         "",

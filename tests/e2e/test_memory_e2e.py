@@ -26,7 +26,8 @@ NEURONS = """
 name: e2e-neurons
 task: memory.neurons
 metric: {name: kn/suppress_drop}
-params: {vocab_size: 1000, block_size: 32, batch_size: 32, lm_steps: 300, num_facts: 3, context_windows: 64}
+params: {num_subjects: 6, n_embd: 32, block_size: 8, batch_size: 32, lm_steps: 150, lr: 0.01, warmup_steps: 3,
+         num_facts: 3, ig_steps: 8}
 """
 
 
