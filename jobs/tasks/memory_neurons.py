@@ -69,7 +69,7 @@ class NeuronsConfig:
     data_files: DataPath | None = None
     """ptb only: a folder holding ptb.train.txt, ptb.valid.txt, ptb.test.txt (no network needed)."""
     vocab_size: Annotated[int, at.Ge(3)] = 2000
-    """Model vocabulary: <unk>, <eos> and the vocab_size - 2 most frequent train words."""
+    """corpus only: <unk>, <eos> and the vocab_size - 2 most frequent train words (synthetic: the world's words)."""
     lm_head: Projection = "linear"
     """linear (tied to wte, GPT-2) or tversky (tied prototypes); a Tversky head reads values non-linearly."""
     n_layer: Annotated[int, at.Gt(0)] = 2
@@ -94,11 +94,12 @@ class NeuronsConfig:
     num_facts: Annotated[int, at.Ge(3)] = 8
     """Facts analysed; at least 3: an edit's new target is the next fact's, and a third fact is its control."""
     prompts_per_fact: Annotated[int, at.Gt(0)] = 3
-    """Prompts per fact (its most confident occurrences); Dai et al. require at least 3 paraphrases."""
+    """corpus only: prompts per fact (its most confident occurrences); Dai et al. require at least 3 paraphrases
+    (synthetic: one per template, 3)."""
     prompt_len: Annotated[int, at.Gt(0)] = 16
-    """Tokens per prompt; must be <= block_size."""
+    """corpus only: tokens per prompt; must be <= block_size (synthetic: 5 words)."""
     fact_context: Annotated[int, at.Ge(0)] = 1
-    """Last prompt words that, with the target, name a fact (0: the target alone); must be <= prompt_len."""
+    """corpus only: last prompt words that, with the target, name a fact (0: the target alone); <= prompt_len."""
     ig_steps: Annotated[int, at.Gt(0)] = 20
     """Riemann points of the integrated-gradients path (Dai et al.: 20)."""
     threshold: Annotated[float, at.Gt(0), at.Le(1)] = 0.2
@@ -109,7 +110,8 @@ class NeuronsConfig:
     """The refinement raises `share` while a fact has more neurons than this (Dai et al.: 2-5); if p = 1 still
     keeps more, the max_neurons with the largest mean attribution stay (here often: 10-20 survive p = 1)."""
     context_windows: Annotated[int, at.Gt(0)] = 256
-    """Train windows of block_size tokens, evenly spread, searched for each key's top-activating contexts."""
+    """corpus only: train windows of block_size tokens, evenly spread, searched for each key's top-activating contexts
+    (synthetic: every training sentence)."""
     top_k: Annotated[int, at.Gt(0)] = 5
     """Contexts per key and tokens per value listed in the report; kn/value_hit looks in the value's top_k."""
     edit_lambda: Annotated[float, at.Gt(0)] = 1.0
