@@ -398,25 +398,17 @@ class SweepTracker:
         return self._repos[run_id]
 
     def _plots(self, trials: list[Any], folder: Path) -> list[Path]:
-        from workers.summary_plots import curves_figure, finals_figure, save
+        from workers.summary_plots import draw_summary
 
         metric = self.spec.metric.name
-        stem = metric.replace("/", "_")  # slash-grouped metric names (test/accuracy) are not file names
-        curves = []
-        for t in trials:
-            if not t.mlflow_run_id:
-                continue
+
+        def curve_of(t: Any) -> dict[int, float]:
             curve = self._curves.get(t.trial_id)
             if curve is None or t.mlflow_run_id != self._children.get(t.trial_id):  # an earlier attempt's run
                 curve = {m.step: m.value for m in self.client.get_metric_history(t.mlflow_run_id, metric)}
-            curves.append(curve)
-        title = f"{self.spec.name}: {metric} per trial"
-        out = [save(curves_figure(curves, metric, title), folder / f"{stem}_curves.png")]
-        finals = [float(t.metrics[metric]) for t in trials if (t.metrics or {}).get(metric) is not None]
-        if finals:
-            title = f"{self.spec.name}: final {metric}"
-            out.append(save(finals_figure(finals, metric, title), folder / f"{stem}_final.png"))
-        return out
+            return curve
+
+        return draw_summary(trials, curve_of, self.spec, folder)
 
     def end_parent(self, status: str, best: dict[str, Any] | None = None) -> None:
         self.close()
