@@ -509,3 +509,14 @@ def test_summary_has_the_papers_column_and_intervals() -> None:
     assert "| product + substractmatch | 0.53 | 0.500 [0.299, 0.701] |" in md
     assert md.count("0.500 [0.299, 0.701], NaN 6/20 |") == 4  # official, both pairs and both |Ω|: its NaN runs
     assert "| product + ignorematch | — |" in md and "| 16 | best |" in md and "1000 full-batch Adam steps" in md
+
+
+def test_paper_sweep_runs_three_ways_with_45_seeds_a_cell() -> None:
+    spec = pytest.importorskip("service.spec").parse_spec((REPO / "sweeps/tversky_xor_paper.yaml").read_text())
+    assert spec.task == "tversky.xor_grid" and [len(spec.space[k].grid) for k in ("intersection", "difference")] == [
+        6,
+        2,
+    ]
+    cfg = TASK.make_config({**spec.params, "intersection": "min", "difference": "ignorematch"})
+    assert ways(cfg) == list(WAYS) and cfg.seeds >= 45 and cfg.seed_mode == "per_cell"
+    assert cfg.models == 3 * 2 * 6 * 3 * 3 * cfg.seeds  # the paper's grid, each way
