@@ -708,7 +708,7 @@ def _paper_figure(
         offset = (k - (len(ways_) - 1) / 2) * width
         for ax, table, keys, positions in (
             (left, by_pair, ("intersection", "difference"), pairs),
-            (right, by_features, ("features",), sizes),
+            (right, by_features, ("features",), [(size,) for size in sizes]),
         ):
             mine = {tuple(r[c] for c in keys): r for r in table if (r["implementation"], r["semantics"]) == way}
             at_ = [(i + offset, mine[p]) for i, p in enumerate(positions) if p in mine]
@@ -723,10 +723,12 @@ def _paper_figure(
         left.scatter([r for _, r in papers], [i for i, _ in papers], marker="x", color="black", s=60, label="paper")
     left.set_yticks(range(len(pairs)), [f"{i} + {d}" for i, d in pairs])
     left.invert_yaxis()
-    left.set(xlim=(0, 1), xlabel="convergence rate (95% Wilson interval)", title="XOR convergence by Ψ + difference")
+    left.set(
+        xlim=(-0.02, 1), xlabel="convergence rate (95% Wilson interval)", title="XOR convergence by Ψ + difference"
+    )
     left.legend(loc="lower right", fontsize="small")
     right.set_xticks(range(len(sizes)), [str(s) for s in sizes])
-    right.set(ylim=(0, 1), xlabel="|Ω|", ylabel="convergence rate", title="by |Ω| (the paper: 16 best, no rates)")
+    right.set(ylim=(-0.02, 1), xlabel="|Ω|", ylabel="convergence rate", title="by |Ω| (the paper: 16 best, no rates)")
     return _png(fig)
 
 
