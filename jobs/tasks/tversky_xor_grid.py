@@ -94,7 +94,8 @@ class XorGridConfig:
     """Grid axis: seeds 0 .. seeds-1 (tversky.md §3.1: 9 gives the paper's 11,664 runs, 10 its "12,960")."""
     seed_mode: SeedMode = "per_cell"
     """per_cell: model (cell, i) is initialised from a hash of its cell's settings and i, so no two cells share
-    draws; common: from seed i in every cell (as tversky.xor's `seed`: cells share their draws)."""
+    draws; common: from seed i in every cell (as tversky.xor's `seed`: cells share their draws, so rates pooled
+    over cells are correlated and their Wilson intervals too narrow)."""
     init_scale: Annotated[float, at.Gt(0)] | None = None
     """s for both initialisers; None = the layer's width-aware default for each |Ω| (as in tversky.xor)."""
     steps: Annotated[int, at.Gt(0)] = 1000
