@@ -13,15 +13,24 @@ Every Tversky layer of the model measures features against ONE feature bank Ω (
 passed to each layer at construction ("feature sharing"): the bank is a single `nn.Parameter`, so
 `parameters()`, the optimizer and DDP see it once.
 
+Parameter counts (`GPT.param_counts`, `count_params`) follow the Tversky paper's accounting, which is
+Hugging Face's for GPT-2: every unique parameter once, so a tied embedding/head (or tied prototypes) and the
+shared bank count once, and `wpe` counts. At GPT-2's 50257-token vocabulary and 1024 positions this gives
+the paper's 124.44M (linear, tied), 163.04M (linear, untied) and 175.62M (head-only Tversky: untied
+[V, d] prototypes + a 16384 x 768 bank + θ, α, β) exactly; `count_params(config, vocab_size=GPT2_VOCAB_SIZE,
+block_size=GPT2_N_POSITIONS)` gives these numbers for any model of the same architecture.
+
 Deviation from nanoGPT: `forward(idx)` without targets returns the logits tensor [B, T, V] (all positions),
 not `(logits[:, [-1]], None)`: the worker registers the model and logs `model(example_input)` as a tensor.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +48,8 @@ from jobs.layers.tversky import (
 
 Projection = Literal["linear", "tversky"]
 PROJECTIONS: tuple[str, ...] = get_args(Projection)
+GPT2_VOCAB_SIZE = 50257  # GPT-2's byte-level BPE vocabulary (unpadded: the paper's counts use 50257)
+GPT2_N_POSITIONS = 1024  # GPT-2's context, the rows of wpe
 
 
 @dataclass
@@ -216,6 +227,31 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
+    def param_counts(self) -> dict[str, int]:
+        """Unique parameters by part: embedding (wte, also the tied head or tied prototypes), positions (wpe),
+        blocks (the transformer blocks and ln_f, without the bank), bank (Ω, once however many layers share
+        it), head (the head's own: an untied linear weight, or untied prototypes and θ, α, β), and total."""
+        seen: set[int] = set()
+
+        def count(params: Iterable[nn.Parameter]) -> int:
+            n = 0
+            for p in params:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    n += p.numel()
+            return n
+
+        counts = {
+            "embedding": count([self.transformer.wte.weight]),
+            "positions": count([self.transformer.wpe.weight]),
+            "bank": count([] if self.feature_bank is None else [self.feature_bank]),
+        }
+        counts["blocks"] = count([*self.transformer.h.parameters(), *self.transformer.ln_f.parameters()])
+        counts["head"] = count(self.lm_head.parameters())
+        counts["total"] = sum(counts.values())
+        assert counts["total"] == self.num_params(), counts  # every parameter is in exactly one part
+        return counts
+
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -238,3 +274,10 @@ class GPT(nn.Module):
             return logits
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
+
+
+def count_params(config: GPTConfig, **overrides: Any) -> dict[str, int]:
+    """`GPT.param_counts()` of the model `config` (with `overrides`, e.g. vocab_size=GPT2_VOCAB_SIZE,
+    block_size=GPT2_N_POSITIONS) builds, without allocating it: built on the meta device, ~0.1 s at GPT-2 size."""
+    with torch.device("meta"):
+        return GPT(dataclasses.replace(config, **overrides)).param_counts()

@@ -12,6 +12,23 @@ then cosine decay to `min_lr_ratio * lr`, gradient clipping, random windows of `
 Corpora (jobs/data/text.py): `pydoc` (the default: ~66k words of the Python docs, shipped with Python, so it
 runs offline) or `ptb` (Hugging Face `ptb_text_only`, or local ptb.*.txt files via `data_files`).
 
+Tokens are words (`vocab_size` most frequent). A byte-level BPE option (GPT-2's 50257 tokens) needs Hugging
+Face `tokenizers`, which this environment does not install, so the GPT-2 sweeps run word-level PTB.
+
+Parameter counts (`params/*` metrics, `jobs.layers.gpt.GPT.param_counts`) follow the paper's accounting: every
+unique parameter once (tied embeddings/prototypes and the shared bank count once, `wpe` counts), as Hugging
+Face counts GPT-2. `params/total` is the model trained; `params/gpt2_vocab` is the same architecture at GPT-2's
+50257-token vocabulary and 1024 positions, the numbers to set beside the paper's (`PAPER_ROWS`). That
+reproduces three of its five counts exactly: 124,439,808 (linear, tied), 163,037,184 (linear, untied) and
+175,620,099 (head-only: untied prototypes [V, d] + a 16384 x 768 bank + θ, α, β). The from-scratch Tversky
+counts (81.14M tied, 116.59M untied) are not reproduced: replacing W^O and the head by Tversky projections keeps
+their [out, in] weights as prototypes (tied head prototypes are wte itself), drops only the 12 c_proj biases,
+and adds the bank, so these models have 137,013,543 and 175,610,919. That is why the word-level GPT-2 sweep
+went from 93.1M to 105.7M (vocab 10000, 512 positions: +12,582,912 bank + 39 θ/α/β - 9,216 biases) where the
+paper goes down by 43.30M (tied) and 46.45M (untied); these drops are not explained by any replacement the
+sources name (tversky.md §3.3: they are near the 12 MLPs' 56.7M less the bank; and untying adds 38.60M = V x d
+to the linear model but 35.45M to the Tversky one, so no single architecture fits both Tversky counts).
+
 Run alone: `python -m jobs run tversky.lm --set lm_head=tversky --set max_steps=100`.
 """
 
@@ -20,10 +37,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import io
 import math
 import time
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 import annotated_types as at
 import torch
@@ -33,10 +51,11 @@ import torch.nn.functional as F
 from jobs.config import check_fields, check_lm_schedule
 from jobs.data.paths import DataPath
 from jobs.data.text import Corpus, eval_windows, get_batch, load_text
-from jobs.layers.gpt import GPT, GPTConfig, Projection
+from jobs.layers.gpt import GPT, GPT2_N_POSITIONS, GPT2_VOCAB_SIZE, GPTConfig, Projection, count_params
 from jobs.layers.tversky import Difference, Intersection, Semantics, SimilarityModel
 from jobs.registry import Task
 from jobs.runtime import Session
+from jobs.tasks.memory_capacity import TableRows
 
 
 @dataclass(frozen=True)
@@ -114,6 +133,17 @@ class LmConfig:
 
 METRICS = {"val/perplexity": "min", "val/loss": "min", "train/loss": "min"}
 
+# The paper's PTB rows (tversky.md §3.3): (row, lm_head, attn_proj, tied, perplexity, parameters). The head-only
+# row fine-tunes pretrained GPT-2, which cannot be downloaded here: a run of that architecture starts from scratch.
+PAPER_ROWS: tuple[tuple[str, Projection, Projection, bool, float, float], ...] = (
+    ("from scratch, tied", "linear", "linear", True, 112.81, 124.44e6),
+    ("from scratch, tied", "tversky", "tversky", True, 103.99, 81.14e6),
+    ("from scratch, untied", "linear", "linear", False, 111.79, 163.04e6),
+    ("from scratch, untied", "tversky", "tversky", False, 98.22, 116.59e6),
+    ("fine-tune, head only", "linear", "linear", False, 30.52, 163.04e6),
+    ("fine-tune, head only", "tversky", "linear", False, 28.33, 175.62e6),
+)
+
 
 def gpt_config(cfg: LmConfig) -> GPTConfig:
     names = {f.name for f in dataclasses.fields(GPTConfig)}
@@ -122,6 +152,24 @@ def gpt_config(cfg: LmConfig) -> GPTConfig:
 
 def build_model(cfg: LmConfig) -> GPT:
     return GPT(gpt_config(cfg))
+
+
+def is_tied(cfg: LmConfig) -> bool:
+    """The paper's "tying": wte is the linear head's weight (tie_weights) or the Tversky head's prototypes."""
+    return cfg.tie_prototypes if cfg.lm_head == "tversky" else cfg.tie_weights
+
+
+def param_metrics(cfg: LmConfig, model: GPT) -> dict[str, int]:
+    """params/total and its parts for the model trained, and params/gpt2_vocab: the same architecture at GPT-2's
+    vocabulary and context, counted as the paper counts (see the module docstring)."""
+    counts = model.param_counts()
+    gpt2 = count_params(gpt_config(cfg), vocab_size=GPT2_VOCAB_SIZE, block_size=GPT2_N_POSITIONS)
+    return {
+        "params/total": counts["total"],
+        "params/embedding": counts["embedding"],
+        "params/bank": counts["bank"],
+        "params/gpt2_vocab": gpt2["total"],
+    }
 
 
 def example_input(cfg: LmConfig) -> torch.Tensor:
@@ -169,7 +217,7 @@ def train(cfg: LmConfig, session: Session) -> None:
         torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     )
     val = eval_windows(data.valid, cfg.block_size, cfg.eval_batches * cfg.batch_size)[rank::world]  # [W/ws, T+1]
-    params_total = raw_model.num_params()
+    params = param_metrics(cfg, raw_model)
 
     def evaluate() -> float:
         """Mean next-token cross-entropy over the fixed validation windows (all ranks together)."""
@@ -215,14 +263,16 @@ def train(cfg: LmConfig, session: Session) -> None:
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             tokens_per_s = tokens / (time.perf_counter() - clock)  # training only: measured before the eval
             val_loss = evaluate()
-            metrics = {
+            metrics: dict[str, Any] = {
                 "val/loss": val_loss,
                 "val/perplexity": math.exp(min(val_loss, 700.0)),  # exp overflows a float past ~709
                 "train/loss": sum(train_losses) / len(train_losses),  # mean since the last report
                 "step": step,
-                "params/total": params_total,
+                **params,
                 "tokens_per_s": tokens_per_s,
             }
+            # every report, not just the last: a trial a scheduler stops early still has its row for summarize
+            metrics["table"] = TableRows([_row(cfg, metrics)])
             state = {
                 "model": {k: v.detach().clone() for k, v in raw_model.state_dict().items()},
                 "optimizer": copy.deepcopy(optimizer.state_dict()),  # a copy: later steps must not mutate it
@@ -234,6 +284,68 @@ def train(cfg: LmConfig, session: Session) -> None:
             train_losses, tokens, clock = [], 0, time.perf_counter()
 
 
+# --- the sweep summary: perplexity and parameter count side by side, the paper's row beside each arm
+
+
+ARM_KEYS = ("lm_head", "attn_proj", "tied")
+ROW_COLUMNS = (*ARM_KEYS, "seed", "step", "perplexity", "params", "params_gpt2_vocab")
+
+
+def _row(cfg: LmConfig, metrics: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "lm_head": cfg.lm_head,
+        "attn_proj": cfg.attn_proj,
+        "tied": is_tied(cfg),
+        "seed": cfg.seed,
+        "step": metrics["step"],
+        "perplexity": metrics["val/perplexity"],
+        "params": metrics["params/total"],
+        "params_gpt2_vocab": metrics["params/gpt2_vocab"],
+    }
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
+    """One row per trial -> lm_summary.md (per arm: val perplexity mean ± std over seeds, parameters as trained
+    and at GPT-2's vocabulary, and the paper's rows for the same arm) and lm_trials.csv (every trial)."""
+    import csv
+    import statistics
+
+    if not rows:
+        raise ValueError("summarize: got no rows; pass the `table` metric of each finished trial, concatenated")
+    missing = [k for k in ROW_COLUMNS if k not in rows[0]]
+    if missing:
+        raise ValueError(f"summarize: rows lack {', '.join(missing)}; expected the `table` rows of tversky.lm")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=ROW_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    arms: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        arms.setdefault(tuple(r[k] for k in ARM_KEYS), []).append(r)
+    lines = [
+        "| lm_head | attn_proj | tied | seeds | steps | val perplexity | params | params at GPT-2 vocab "
+        "| paper: row, ppl, params |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key in sorted(arms, key=lambda k: (not k[2], k[0] != "linear", k[1] != "linear", k)):
+        trials = arms[key]
+        ppl = [float(r["perplexity"]) for r in trials]
+        spread = f" ± {statistics.stdev(ppl):.2f}" if len(ppl) > 1 else ""
+        steps = sorted({int(r["step"]) for r in trials})  # several where a scheduler stopped trials early
+        paper = "; ".join(f"{row}: {p:.2f}, {n / 1e6:.2f}M" for row, *arm, p, n in PAPER_ROWS if tuple(arm) == key)
+        lines.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | {len(trials)} | {'/'.join(map(str, steps))} "
+            f"| {statistics.mean(ppl):.2f}{spread} | {int(trials[0]['params']):,} "
+            f"| {int(trials[0]['params_gpt2_vocab']):,} | {paper or '-'} |"
+        )
+    note = (
+        "\nParameters are unique (tied weights and the shared bank once, wpe included), as the paper counts "
+        "(jobs/tasks/tversky_lm.py). The paper trains on GPT-2 BPE PTB; these runs use the sweep's corpus and "
+        "vocabulary, so compare directions, not values.\n"
+    )
+    return {"lm_summary.md": ("\n".join(lines) + "\n" + note).encode(), "lm_trials.csv": buf.getvalue().encode()}
+
+
 TASK = Task(
     name="tversky.lm",
     config=LmConfig,
@@ -242,4 +354,5 @@ TASK = Task(
     example_input=example_input,
     metrics=METRICS,
     description="GPT-2 language model with Tversky LM head / attention projections (PTB or Python docs).",
+    summarize=summarize,
 )
