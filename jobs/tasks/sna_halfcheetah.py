@@ -31,11 +31,13 @@ sets a trial's threads to its cpus).
 from __future__ import annotations
 
 import copy
+import csv
 import dataclasses
 import functools
 import io
 import logging
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -523,7 +525,7 @@ def train(cfg: SacConfig, session: Session) -> None:
         }
         if ep_returns:
             metrics["train/episode_return"] = float(np.mean(ep_returns))
-        table.append({**trial_row(cfg, critic_params), "step": done, "eval_return": eval_return})
+        table.append({**trial_row(cfg, critic_params, sna_params), "step": done, "eval_return": eval_return})
         metrics["table"] = TableRows(table)  # the whole curve so far: ASHA-stopped trials keep theirs too
         state: dict[str, Any] = {
             "model": {k: v.detach().clone() for k, v in raw_actor.state_dict().items()},
@@ -547,25 +549,59 @@ def train(cfg: SacConfig, session: Session) -> None:
 # --- summary artifacts (summarize is called by the worker with the table rows of every trial)
 
 TRIAL_KEYS = ("env_id", "critic", "rank", "critic_hidden", "critic_depth", "match_params", "seed")
+# Per-evaluation values of a row; every other key is trial config (the worker merges each trial's config in).
+ROW_KEYS = ("step", "eval_return", "critic_params", "critic_params_sna")
 
 
-def trial_row(cfg: SacConfig, critic_params: int) -> dict[str, Any]:
-    return {**{k: getattr(cfg, k) for k in TRIAL_KEYS}, "critic_params": critic_params}
+def trial_row(cfg: SacConfig, critic_params: int, sna_params: int) -> dict[str, Any]:
+    return {**{k: getattr(cfg, k) for k in TRIAL_KEYS}, "critic_params": critic_params, "critic_params_sna": sna_params}
 
 
-def arm_label(row: dict[str, Any]) -> str:
+def arm_label(row: dict[str, Any], varying: tuple[str, ...] = ()) -> str:
+    """The arm a trial belongs to: its critic, plus any other config key that varies across the sweep's trials."""
     if row["critic"] == "sna":
-        return f"sna R={row['rank']} ({row['critic_params']} params)"
-    if row["match_params"]:
-        return f"mlp ~ sna R={row['rank']} ({row['critic_params']} params)"
-    return f"mlp {row['critic_depth']}x{row['critic_hidden']} ({row['critic_params']} params)"
+        label = f"sna R={row['rank']} ({row['critic_params']} params)"
+    elif row["match_params"]:
+        label = f"mlp ~ sna R={row['rank']} ({row['critic_params']} params)"
+    else:
+        label = f"mlp {row['critic_depth']}x{row['critic_hidden']} ({row['critic_params']} params)"
+    return label + "".join(f", {k}={row[k]}" for k in varying)
+
+
+def varying_keys(rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    """Config keys (not the critic's own, not the seed) whose value differs between rows: a search sweep's
+    q_lr, say. Each value is its own arm, so trials of different configs are never averaged together."""
+    skip = {*TRIAL_KEYS, *ROW_KEYS}
+    keys = sorted({k for r in rows for k in r} - skip)
+    return tuple(k for k in keys if len({repr(r.get(k)) for r in rows}) > 1)
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1) over seeds; NaN where there are too few values for either."""
+    mean = statistics.fmean(values) if values else math.nan
+    return mean, statistics.stdev(values) if len(values) >= 2 else math.nan
+
+
+def _csv(fields: list[str], data: list[dict[str, Any]]) -> bytes:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    # NaN (no seed, or one seed for a std) is written as an empty cell.
+    writer.writerows({k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in data)
+    return buf.getvalue().encode()
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
-    """Every trial's eval curve -> curves.csv (every row), final.csv (per arm: seeds, mean ± std of the last
-    and of the best eval_return, steps reached) and eval_return.png (mean ± std over seeds vs env steps)."""
-    import csv
+    """Every trial's eval curve -> mean ± std over seeds at matched env steps.
 
+    Trials are grouped into arms (critic, rank, size, and any other config that varies; never the seed). At
+    every evaluation step any trial reached, an arm's cell averages the trials that evaluated at that step and
+    only those: a trial that stopped earlier (ASHA, a failure) is left out there, never carried forward with an
+    older value, and each cell states its `seeds`. std is the sample standard deviation over seeds (n - 1).
+    Files: curves.csv (every row), matched.csv (arm x step: seeds, mean, std), final.csv (the same at the last
+    step, with each arm's trial count and the steps its trials reached) and eval_return.png (a panel per rank:
+    each critic's mean curve with a ±std band; hollow markers where fewer than all of its seeds evaluated).
+    """
     from matplotlib.figure import Figure  # no pyplot: no global figure state, safe in a worker thread
 
     if not rows:
@@ -574,36 +610,61 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     missing = [k for k in columns if k not in rows[0]]
     if missing:
         raise ValueError(f"summarize: rows lack {', '.join(missing)}; expected the `table` rows of sna.halfcheetah")
-    arms: dict[str, dict[int, dict[int, float]]] = {}  # label -> seed -> step -> eval_return
+    varying = varying_keys(rows)
+    curves: dict[str, dict[int, list[float]]] = {}  # arm -> step -> eval_return of each trial evaluated there
+    reached: dict[str, dict[Any, int]] = {}  # arm -> seed -> last step evaluated
+    first: dict[str, dict[str, Any]] = {}  # arm -> one of its rows (the critic's description)
     for r in rows:
-        arms.setdefault(arm_label(r), {}).setdefault(r["seed"], {})[r["step"]] = r["eval_return"]
-    final = []
-    for label, seeds in arms.items():
-        last = [curve[max(curve)] for curve in seeds.values()]
-        best = [max(curve.values()) for curve in seeds.values()]
-        final.append(
-            {"arm": label, "seeds": len(seeds), "last_mean": float(np.mean(last)), "last_std": float(np.std(last)),
-             "best_mean": float(np.mean(best)), "best_std": float(np.std(best)),
-             "steps_min": min(max(c) for c in seeds.values()), "steps_max": max(max(c) for c in seeds.values())}
-        )  # fmt: skip
-    files = {}
-    for name, fields, data in (("curves.csv", columns, rows), ("final.csv", list(final[0]), final)):
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(data)
-        files[name] = buf.getvalue().encode()
-    fig = Figure(figsize=(8, 4.5), layout="constrained")
-    ax = fig.subplots()
-    for i, (label, seeds) in enumerate(sorted(arms.items())):
-        steps = sorted({s for curve in seeds.values() for s in curve})
-        # Mean over the seeds that reached each step (ASHA stops some early).
-        values = [[curve[s] for curve in seeds.values() if s in curve] for s in steps]
-        mean, std = np.array([np.mean(v) for v in values]), np.array([np.std(v) for v in values])
-        ax.plot(steps, mean, color=f"C{i % 10}", label=f"{label}, {len(seeds)} seeds")
-        ax.fill_between(steps, mean - std, mean + std, color=f"C{i % 10}", alpha=0.2)
-    ax.set(xlabel="environment steps", ylabel="deterministic eval return", title=str(rows[0]["env_id"]))
-    ax.legend(fontsize=7)
+        arm, step = arm_label(r, varying), int(r["step"])
+        curves.setdefault(arm, {}).setdefault(step, []).append(float(r["eval_return"]))
+        seeds = reached.setdefault(arm, {})
+        seeds[r["seed"]] = max(seeds.get(r["seed"], 0), step)
+        first.setdefault(arm, r)
+    steps = sorted({s for curve in curves.values() for s in curve})
+    arms = sorted(curves, key=lambda a: (first[a]["rank"], first[a]["critic"], a))
+
+    def cell(arm: str, step: int) -> dict[str, Any]:
+        values = curves[arm].get(step, [])
+        mean, std = mean_std(values)
+        r = first[arm]
+        return {
+            "arm": arm, "critic": r["critic"], "rank": r["rank"], "critic_params": r["critic_params"],
+            "critic_params_sna": r.get("critic_params_sna", ""), "step": step, "seeds": len(values),
+            "mean": mean, "std": std,
+        }  # fmt: skip
+
+    matched = [cell(arm, s) for arm in arms for s in steps]
+    final = [
+        {**cell(arm, steps[-1]), "trials": len(reached[arm]), "steps_min": min(reached[arm].values()),
+         "steps_max": max(reached[arm].values())}
+        for arm in arms
+    ]  # fmt: skip
+    files = {
+        "curves.csv": _csv([*columns, "critic_params_sna"], rows),
+        "matched.csv": _csv(list(matched[0]), matched),
+        "final.csv": _csv(list(final[0]), final),
+    }
+    panels = sorted({first[a]["rank"] for a in arms})
+    # One colour per critic (and per value of any varying config) in every panel: sna is C0 and mlp C1 in each.
+    kinds = sorted({(first[a]["critic"] != "sna", *(repr(first[a][k]) for k in varying)) for a in arms})
+    colours = {kind: f"C{i % 10}" for i, kind in enumerate(kinds)}
+    fig = Figure(figsize=(4.2 * len(panels), 3.8), layout="constrained")
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for ax, rank in zip(axes, panels, strict=True):
+        for arm in (a for a in arms if first[a]["rank"] == rank):
+            trials = len(reached[arm])
+            color = colours[(first[arm]["critic"] != "sna", *(repr(first[arm][k]) for k in varying))]
+            xs = [s for s in steps if curves[arm].get(s)]
+            stats = np.array([mean_std(curves[arm][s]) for s in xs])  # [steps, 2]: mean, std
+            full = np.array([len(curves[arm][s]) == trials for s in xs])
+            ax.plot(xs, stats[:, 0], color=color, label=f"{arm}, {trials} seeds")
+            ax.fill_between(xs, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1], color=color, alpha=0.2)
+            ax.plot(np.array(xs)[full], stats[full, 0], "o", color=color, ms=3)
+            ax.plot(np.array(xs)[~full], stats[~full, 0], "o", mfc="none", color=color, ms=4)
+        ax.set(xlabel="environment steps", title=f"R = {rank}")
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("deterministic eval return (mean ± std over seeds)")
+    fig.suptitle(f"{rows[0]['env_id']} (hollow marker: fewer seeds evaluated there than the arm has)")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     files["eval_return.png"] = buf.getvalue()

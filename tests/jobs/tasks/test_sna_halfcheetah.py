@@ -19,6 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 from jobs.config import field_docs
 from jobs.layers.sac_actor import SquashedGaussianActor
 from jobs.layers.separable import count_params
+from jobs.layers.sna_critic import matched_mlp_width, mlp_critic_params, sna_critic_params
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
 from jobs.tasks.sna_halfcheetah import (
@@ -242,6 +243,9 @@ def test_short_halfcheetah_run_updates_evaluates_and_resumes(critic: str) -> Non
     last = resumed.history[-1]
     assert last["updates"] == 200 and last["episodes"] == 0  # HalfCheetah episodes are 1000 steps long
     assert [r["step"] for r in last["table"]] == [150, 300]  # the curve carries over
+    assert {(r["critic_params"], r["critic_params_sna"]) for r in last["table"]} == {
+        (first["critic/params"], first["critic/params_sna"])
+    }  # both counts reach the summary's tables
     adam_steps = {int(s["step"]) for s in resumed.last_checkpoint["agent"]["q_optimizer"]["state"].values()}
     assert adam_steps == {200}  # the critics' Adam state continued from its 50 steps
     assert resumed.last_checkpoint["buffer"]["size"] == 300
@@ -258,41 +262,120 @@ def test_resume_without_a_saved_buffer_explores_again_before_updating() -> None:
     assert resumed.history[-1]["updates"] == 100
 
 
+STEPS = (1000, 2000, 3000)
+
+
+def _row(critic: str, rank: int, seed: int, step: int, value: float, **config: Any) -> dict[str, Any]:
+    params = {"sna": 1000 + rank, "mlp": 990 + rank}[critic]
+    return {
+        "env_id": "HalfCheetah-v5",
+        "critic": critic,
+        "rank": rank,
+        "critic_hidden": 64,
+        "critic_depth": 2,
+        "match_params": True,
+        "seed": seed,
+        "critic_params": params,
+        "critic_params_sna": 1000 + rank,
+        "step": step,
+        "eval_return": value,
+        "total_steps": 3000,
+        "eval_every": 1000,
+        **config,
+    }  # fmt: skip  (+ the trial config merged in by the worker)
+
+
+# Hand-made curves: arm -> one eval_return per step for each seed; sna R=8's seed 2 stopped after 2000 steps.
+CURVES = {
+    ("sna", 8): [[10.0, 30.0, 60.0], [20.0, 50.0, 100.0], [0.0, 40.0]],
+    ("mlp", 8): [[5.0, 7.0, 9.0], [9.0, 8.0, 13.0], [1.0, 3.0, 2.0]],
+    ("sna", 32): [[4.0, 6.0, 8.0]],
+}
+
+
 def _rows() -> list[dict[str, Any]]:
-    rows = []
-    for critic, params, returns in (("sna", 1000, [[10.0, 30.0], [20.0, 50.0]]), ("mlp", 990, [[5.0, 7.0], [9.0]])):
-        for seed, curve in enumerate(returns):
-            for i, value in enumerate(curve):
-                rows.append(
-                    {"env_id": "HalfCheetah-v5", "critic": critic, "rank": 8, "critic_hidden": 64, "critic_depth": 2,
-                     "match_params": True, "seed": seed, "critic_params": params, "step": 1000 * (i + 1),
-                     "eval_return": value, "total_steps": 2000}  # + the trial config merged in by the worker
-                )  # fmt: skip
-    return rows
+    return [
+        _row(critic, rank, seed, step, value)
+        for (critic, rank), seeds in CURVES.items()
+        for seed, curve in enumerate(seeds)
+        for step, value in zip(STEPS, curve, strict=False)
+    ]
 
 
-def test_summarize_writes_curves_final_table_and_plot() -> None:
+def _read(files: dict[str, bytes], name: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(files[name].decode())))
+
+
+def test_summary_averages_only_the_seeds_that_reached_each_step() -> None:
     files = summarize(_rows())
-    assert set(files) == {"curves.csv", "final.csv", "eval_return.png"}
+    assert set(files) == {"curves.csv", "matched.csv", "final.csv", "eval_return.png"}
     assert files["eval_return.png"].startswith(b"\x89PNG\r\n\x1a\n")
-    final = {r["arm"]: r for r in csv.DictReader(io.StringIO(files["final.csv"].decode()))}
-    sna, mlp = final["sna R=8 (1000 params)"], final["mlp ~ sna R=8 (990 params)"]
-    assert sna["seeds"] == "2" and float(sna["last_mean"]) == 40.0 and float(sna["last_std"]) == 10.0
-    assert float(mlp["last_mean"]) == 8.0 and mlp["steps_min"] == "1000" and mlp["steps_max"] == "2000"
-    assert len(list(csv.DictReader(io.StringIO(files["curves.csv"].decode())))) == 7
+    assert len(_read(files, "curves.csv")) == sum(len(c) for seeds in CURVES.values() for c in seeds) == 20
+    matched = {(r["arm"], int(r["step"])): r for r in _read(files, "matched.csv")}
+    labels = {("sna", 8): "sna R=8 (1008 params)", ("mlp", 8): "mlp ~ sna R=8 (998 params)",
+              ("sna", 32): "sna R=32 (1032 params)"}  # fmt: skip
+    assert len(matched) == len(labels) * len(STEPS)
+    # Independent oracle: a [seeds, steps] array per arm, NaN where a trial has no evaluation, numpy's nan-aware
+    # mean and sample std (ddof=1) over the seeds, and the count of non-NaN cells.
+    for arm, seeds in CURVES.items():
+        grid = np.full((len(seeds), len(STEPS)), np.nan)
+        for i, curve in enumerate(seeds):
+            grid[i, : len(curve)] = curve
+        for j, step in enumerate(STEPS):
+            cell, column = matched[labels[arm], step], grid[:, j]
+            n = int(np.isfinite(column).sum())
+            assert int(cell["seeds"]) == n and cell["critic"] == arm[0] and int(cell["rank"]) == arm[1]
+            assert float(cell["mean"]) == pytest.approx(np.nanmean(column), rel=1e-12), (arm, step)
+            if n >= 2:
+                assert float(cell["std"]) == pytest.approx(np.nanstd(column, ddof=1), rel=1e-12), (arm, step)
+            else:
+                assert cell["std"] == "", (arm, step)  # one seed has no spread: an empty cell, not 0
+    # By hand: at 3000 steps sna R=8 averages seeds 0 and 1 only (60, 100), not seed 2's last value (40 at 2000).
+    last = matched[labels[("sna", 8)], 3000]
+    assert last["seeds"] == "2" and float(last["mean"]) == 80.0 and float(last["std"]) == pytest.approx(800**0.5)
+    final = {r["arm"]: r for r in _read(files, "final.csv")}
+    sna = final[labels[("sna", 8)]]
+    assert (sna["step"], sna["seeds"], sna["trials"], sna["steps_min"], sna["steps_max"]) == (
+        "3000", "2", "3", "2000", "3000")  # fmt: skip
+    assert float(sna["mean"]) == 80.0 and sna["critic_params"] == "1008" and sna["critic_params_sna"] == "1008"
+    mlp = final[labels[("mlp", 8)]]
+    assert mlp["seeds"] == mlp["trials"] == "3" and float(mlp["mean"]) == 8.0 and mlp["critic_params_sna"] == "1008"
+
+
+def test_summary_keeps_differently_configured_trials_apart() -> None:
+    # A search sweep's rows: the same critic at two learning rates is two arms, whatever the seed.
+    rows = [_row("sna", 8, 0, s, v, q_lr=lr) for lr, v in ((1e-3, 1.0), (3e-4, 5.0)) for s in STEPS]
+    arms = {r["arm"]: r for r in _read(summarize(rows), "final.csv")}
+    assert set(arms) == {"sna R=8 (1008 params), q_lr=0.0003", "sna R=8 (1008 params), q_lr=0.001"}
+    assert all(r["seeds"] == "1" for r in arms.values())
     with pytest.raises(ValueError, match="got no rows"):
         summarize([])
     with pytest.raises(ValueError, match="rows lack eval_return"):
         summarize([{k: v for k, v in _rows()[0].items() if k != "eval_return"}])
 
 
-@pytest.mark.parametrize("path,trials", [("sweeps/sna_halfcheetah.yaml", 30), ("sweeps/gpu/sna_halfcheetah.yaml", 30)])
-def test_sweep_files_validate(path: str, trials: int) -> None:
-    spec_module = pytest.importorskip("service.spec")
-    spec = spec_module.parse_spec((REPO / path).read_text())
+@pytest.mark.parametrize(
+    "path,seeds,total_steps",
+    [("sweeps/sna_halfcheetah.yaml", 3, 3000), ("sweeps/gpu/sna_halfcheetah.yaml", 5, 1_000_000)],
+)
+def test_comparison_sweeps_are_fifo_over_the_seed_ranks(path: str, seeds: int, total_steps: int) -> None:
+    spec = pytest.importorskip("service.spec").parse_spec((REPO / path).read_text())
     assert spec.task == "sna.halfcheetah" and spec.metric.name == "eval_return" and spec.metric.mode == "max"
-    assert spec.trials_total == trials and spec.scheduler.type == "asha"
+    assert spec.scheduler.type == "fifo" and spec.search.algorithm == "grid"  # no early stopping
+    assert set(spec.space) == {"critic", "rank", "seed"}  # nothing else varies between the arms
+    assert spec.space["rank"].grid == [8, 32, 128] and spec.space["critic"].grid == ["mlp", "sna"]
+    assert spec.space["seed"].grid == list(range(seeds)) and spec.trials_total == 2 * 3 * seeds
+    cfg = TASK.make_config(spec.params)
+    assert cfg.match_params and cfg.total_steps == total_steps and total_steps % cfg.eval_every == 0  # same steps
+    obs_dim, act_dim = 17, 6
+    for rank in (8, 32, 128):
+        sna = sna_critic_params(obs_dim, act_dim, rank, cfg.critic_hidden, cfg.critic_depth)
+        width = matched_mlp_width(obs_dim, act_dim, rank, cfg.critic_hidden, cfg.critic_depth)
+        assert abs(mlp_critic_params(obs_dim, act_dim, width, cfg.critic_depth) - sna) / sna < 0.01, rank
+
+
+def test_search_sweep_keeps_asha() -> None:
+    spec = pytest.importorskip("service.spec").parse_spec((REPO / "sweeps/sna_halfcheetah_search.yaml").read_text())
+    assert spec.task == "sna.halfcheetah" and spec.scheduler.type == "asha" and spec.search.algorithm == "random"
     cfg = TASK.make_config(spec.params)
     assert spec.scheduler.max_t == -(-cfg.total_steps // cfg.eval_every)  # one ASHA iteration per evaluation
-    assert spec.space["rank"].grid == [8, 32, 128] and spec.space["critic"].grid == ["mlp", "sna"]
-    assert spec.space["seed"].grid == [0, 1, 2, 3, 4]
