@@ -12,7 +12,10 @@ claimed the sweep. Two ways, in the same run:
   worker's lease at once (same host, same boot, its pid gone);
 - baseline: the same, with LAYERLAB_TAKE_OVER_DEAD_LEASES=0, so the new worker waits for the lease
   (LAYERLAB_LEASE_SECONDS, 30 s by default) to expire, as before the takeover existed.
-Target (crash-safety issue): at most 20 s supervised. Prints each gap, the medians and their ratio.
+Kills are at least --spacing seconds apart (70 by default): one crash at a time, each met by a ready spare
+worker and no crash-loop pause; `--spacing 0` measures a crash loop instead (pauses of 2 s, 5 s, ... and
+cold workers). Target (crash-safety issue): at most 20 s supervised. Prints each gap, the medians and their
+ratio.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def _wait(predicate, timeout: float, what: str, interval: float = 0.05) -> float
     raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def run(kills: int, take_over: bool) -> list[float]:
+def run(kills: int, take_over: bool, spacing: float) -> list[float]:
     home = Path(tempfile.mkdtemp(prefix="recovery-"))
     env = {**os.environ, "LAYERLAB_HOME": str(home), "LAYERLAB_TAKE_OVER_DEAD_LEASES": str(int(take_over))}
     api, ui = _free_port(), _free_port()
@@ -82,12 +85,14 @@ def run(kills: int, take_over: bool) -> list[float]:
         headers = {"Authorization": f"Bearer {token}", "content-type": "application/yaml"}
         r = httpx.post(f"http://127.0.0.1:{api}/sweeps", content=SPEC, headers=headers, timeout=60)
         r.raise_for_status()
+        last_kill = time.monotonic() - spacing
         for k in range(kills):
             before = _reports(home)
             _wait(lambda b=before: _reports(home) >= b + 3, 300, "the trials to report")
+            time.sleep(max(0.0, last_kill + spacing - time.monotonic()))
             pid = int((home / "worker.pid").read_text())
             at = _reports(home)
-            t_kill = time.monotonic()
+            t_kill = last_kill = time.monotonic()
             os.killpg(pid, signal.SIGKILL)
             attempts = _attempts(home)
             t_worker = _wait(lambda p=pid: _pid(home) not in (p, None), 300, "a new worker")
@@ -113,9 +118,16 @@ def _free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument(
+        "--spacing",
+        type=float,
+        default=70.0,
+        help="least seconds between kills: past the supervisor's crash-loop pauses (deaths within 60 s) "
+        "and its spare's delay and warm-up; 0 measures a crash loop",
+    )
     args = parser.parse_args()
-    supervised = run(args.kills, take_over=True)
-    baseline = run(args.kills, take_over=False)
+    supervised = run(args.kills, take_over=True, spacing=args.spacing)
+    baseline = run(args.kills, take_over=False, spacing=args.spacing)
     s, b = statistics.median(supervised), statistics.median(baseline)
     print(f"median gap from kill -9 to the next result: supervised {s:.1f}s, baseline (lease expiry) {b:.1f}s")
     print(
