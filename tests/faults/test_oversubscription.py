@@ -1,4 +1,4 @@
-"""Ten times more sweeps than the cluster runs at once: a Ray cluster with one CPU (one trial at a
+"""Six times more sweeps than the cluster runs at once (thirty with LAYERLAB_FAULTS_LONG=1): a Ray cluster with one CPU (one trial at a
 time), two workers, and sweeps that each ask for two concurrent one-CPU trials. Everything waits its
 turn, in the queue or in Ray; nothing fails for lack of resources; sweeps are claimed in priority
 order (oldest first within a priority) and never more of them run than there are workers."""
@@ -20,7 +20,7 @@ from .conftest import LONG, claim_events, private_ray
 pytestmark = pytest.mark.slow
 
 CLUSTER_CPUS, WORKERS = 1, 2
-SWEEPS = 30 if LONG else 10  # each of two trials: 20 (60) trials for a cluster that runs one at a time
+SWEEPS = 30 if LONG else 6  # each of two trials: 12 (60) trials for a cluster that runs one at a time
 SPEC = """
 name: crowd-{n:02d}
 task: tversky.xor
@@ -40,7 +40,7 @@ def ray() -> Iterator[RayCluster]:
         yield cluster
 
 
-def test_ten_times_the_cluster_all_queue_and_finish_in_priority_order(workers: Stack, ray: RayCluster) -> None:
+def test_six_times_the_cluster_all_queue_and_finish_in_priority_order(workers: Stack, ray: RayCluster) -> None:
     stack = workers
     stack.env["RAY_ADDRESS"] = ray.address
     store = QueueStore(Settings(home=stack.home).queue_url)
