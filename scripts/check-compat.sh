@@ -17,6 +17,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "$base" > "$mine/zz-layerlab-base.pth"   # after the venv's own site-packages: its Ray wins
 fi
 "$VENV/bin/python" -m pip install -qq "ray[train,tune]==${RAY_VERSION}"
+# .venv's command-line tools the tests start (moto_server, mlflow, ...) that this venv did not install itself
+for tool in .venv/bin/*; do
+  [ -e "$VENV/bin/$(basename "$tool")" ] || ln -s "$(realpath "$tool")" "$VENV/bin/$(basename "$tool")"
+done
 "$VENV/bin/python" -m pip install -qq --no-deps -e .
 got=$("$VENV/bin/python" -c 'import ray; print(ray.__version__)')
 [ "$got" = "$RAY_VERSION" ] || { echo "the compat venv imports ray $got, not $RAY_VERSION" >&2; exit 2; }

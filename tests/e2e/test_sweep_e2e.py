@@ -35,7 +35,7 @@ register: {model: e2e-xor, alias: champion}
 # folder, so neither this repository nor the installed layerlab is importable.
 LOAD_SCRIPT = """
 import sys
-sys.path.append({site!r})
+sys.path.extend({sites!r})
 import importlib.util, json
 for name in ("jobs", "service", "workers"):
     assert importlib.util.find_spec(name) is None, f"{{name}} is importable: the check would prove nothing"
@@ -45,6 +45,12 @@ x = torch.tensor([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
 with torch.no_grad():
     print(json.dumps({{"cls": type(model).__module__ + "." + type(model).__name__, "out": model(x).tolist()}}))
 """
+
+
+def _site_packages() -> list[str]:
+    """This interpreter's site-packages folders: its own, and those a .pth file added (scripts/check-compat.sh
+    makes a venv that sees .venv's packages that way)."""
+    return [p for p in sys.path if p.endswith("site-packages")] or site.getsitepackages()[:1]
 
 
 def _checkpoint_of(home: Path, sweep_id: int, trial_id: str) -> Path:
@@ -108,7 +114,7 @@ def test_six_trial_sweep_registers_a_loadable_model(workers: Stack, tmp_path: Pa
 
     # --- the registered model loads elsewhere and equals the trial's model
     out = subprocess.run(
-        [sys.executable, "-S", "-c", textwrap.dedent(LOAD_SCRIPT).format(site=site.getsitepackages()[0])],
+        [sys.executable, "-S", "-c", textwrap.dedent(LOAD_SCRIPT).format(sites=_site_packages())],
         cwd=tmp_path,
         env={"PATH": "/usr/bin:/bin", "MLFLOW_TRACKING_URI": stack.tracking_uri, "HOME": str(tmp_path)},
         capture_output=True,
