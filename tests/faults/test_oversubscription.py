@@ -1,7 +1,8 @@
-"""Six times more sweeps than the cluster runs at once (thirty with LAYERLAB_FAULTS_LONG=1): a Ray cluster with one CPU (one trial at a
-time), two workers, and sweeps that each ask for two concurrent one-CPU trials. Everything waits its
-turn, in the queue or in Ray; nothing fails for lack of resources; sweeps are claimed in priority
-order (oldest first within a priority) and never more of them run than there are workers."""
+"""Six times more sweeps than the cluster runs at once (thirty with LAYERLAB_FAULTS_LONG=1): a Ray
+cluster with one CPU (one trial at a time), two workers, and sweeps that each ask for two concurrent
+one-CPU trials. Everything waits its turn, in the queue or in Ray; nothing fails for lack of resources;
+sweeps are claimed in priority order (oldest first within a priority) and never more of them run than
+there are workers."""
 
 from __future__ import annotations
 
