@@ -33,6 +33,8 @@ from pathlib import Path
 
 import httpx
 
+from service.local_ray import free_port
+
 LAYERLAB = str(Path(sys.executable).with_name("layerlab"))
 SPEC = """
 name: recovery-bench
@@ -76,7 +78,7 @@ def _wait(predicate, timeout: float, what: str, interval: float = 0.05) -> float
 def run(kills: int, take_over: bool, spacing: float) -> list[float]:
     home = Path(tempfile.mkdtemp(prefix="recovery-"))
     env = {**os.environ, "LAYERLAB_HOME": str(home), "LAYERLAB_TAKE_OVER_DEAD_LEASES": str(int(take_over))}
-    api, ui = _free_port(), _free_port()
+    api, ui = free_port(), free_port()
     env["LAYERLAB_API_URL"] = f"http://127.0.0.1:{api}"
     subprocess.run([LAYERLAB, "up", "--detach", "--api-port", str(api), "--mlflow-port", str(ui)], env=env, check=True)
     gaps = []
@@ -105,14 +107,6 @@ def run(kills: int, take_over: bool, spacing: float) -> list[float]:
     finally:
         subprocess.run([LAYERLAB, "down"], env=env, capture_output=True)
     return gaps
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:

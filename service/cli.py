@@ -24,6 +24,7 @@ from service import cli_views as views
 from service import local_ray
 from service.errors import SpecError
 from service.settings import Settings, get_settings
+from workers.supervisor import STANDBY_FLAG
 
 if TYPE_CHECKING:  # the CLI imports SQLAlchemy only for the commands that need it
     from service.tokens import TokenStore
@@ -360,7 +361,7 @@ def worker(
         ),
     ] = False,
     standby: Annotated[
-        bool, typer.Option("--standby", hidden=True, help="Load everything, then wait for 'go' on stdin.")
+        bool, typer.Option(STANDBY_FLAG, hidden=True, help="Load everything, then wait for 'go' on stdin.")
     ] = False,
 ) -> None:
     """Claim sweeps and run them on Ray (local Ray unless RAY_ADDRESS is set)."""
