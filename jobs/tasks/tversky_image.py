@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import io
 import math
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -38,6 +37,7 @@ from jobs.layers.image_heads import Backbone, ImageClassifier, Stem, count_param
 from jobs.layers.tversky import Difference, Init, Intersection, Semantics, SimilarityModel, TverskyProjection
 from jobs.registry import Task
 from jobs.runtime import Session
+from jobs.tables import png_bytes
 
 EVAL_BATCH = 512
 
@@ -299,9 +299,7 @@ def prototype_pictures(model: ImageClassifier, images: torch.Tensor, per_prototy
             ax.set_title(f"{float(scores[r, j]):.3g}", fontsize=7)
         axes[j][0].set_ylabel(f"π{j}", rotation=0, labelpad=14)
     fig.suptitle("Most similar images per prototype (title: S(x, π))", fontsize=9)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=80)
-    return buffer.getvalue()
+    return png_bytes(fig, dpi=80)
 
 
 TASK = Task(
