@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import io
 import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -47,6 +46,7 @@ from jobs.config import check_fields
 from jobs.layers.memory import ACTIVATIONS, Activation, KeyValueMemory
 from jobs.registry import Task
 from jobs.runtime import Session
+from jobs.tables import TableRows, check_rows, csv_bytes, group_rows, png_bytes
 
 Values = Literal["sign", "classes"]
 
@@ -262,14 +262,6 @@ def train(cfg: CapacityConfig, session: Session) -> None:
             report(step)
 
 
-class TableRows(list):  # type: ignore[type-arg]
-    """The final report's rows: a plain list to JSON, pickle and `table_rows`, with a short repr, because Tune's
-    TensorBoard logger warns about a non-numeric metric by printing its value (as tversky_xor_grid.GridRows)."""
-
-    def __repr__(self) -> str:
-        return f"<{len(self)} rows>"
-
-
 def _rows(
     cfg: CapacityConfig, ev: dict[str, Any], loss: torch.Tensor, metrics: dict[str, Any], params: int
 ) -> list[dict[str, Any]]:
@@ -305,12 +297,6 @@ CAPACITY_COLUMNS = (
 PUBLISHED_BITS_PER_PARAM = 2.0  # Allen-Zhu & Li, Physics of LMs 3.3 (models.md C.5)
 
 
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    return buf.getvalue()
-
-
 def curve_png(cfg: CapacityConfig, recall: list[float], bit_accuracy: list[float], metrics: dict[str, Any]) -> bytes:
     """Recall and bit accuracy vs N/d_ff for this trial, with the threshold and N*."""
     from matplotlib.figure import Figure  # no pyplot: no global figure state, safe in a worker thread
@@ -326,23 +312,15 @@ def curve_png(cfg: CapacityConfig, recall: list[float], bit_accuracy: list[float
     ax.set(xlabel="load N / d_ff", ylabel="fraction", ylim=(-0.02, 1.02))
     ax.set_title(f"{label}, d={cfg.d}, d_ff={cfg.d_ff}: {metrics['bits_per_param']:.2f} bits/param", fontsize=10)
     ax.legend(fontsize=8)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     """Per-load rows of every trial -> capacity.csv (one line per trial), recall.csv (every row),
     capacity.png (N*/d_ff and bits/param vs d, one line per activation, the 2 bits/param line) and
     recall_curves.png (recall vs N/d_ff, one panel per d). N* is recomputed from the rows' recall."""
-    import csv
-
-    if not rows:
-        raise ValueError("summarize: got no rows; pass the `table` metric of each finished trial, concatenated")
-    missing = [k for k in ROW_COLUMNS if k not in rows[0]]
-    if missing:
-        raise ValueError(f"summarize: rows lack {', '.join(missing)}; expected the `table` rows of memory.capacity")
-    trials: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for r in rows:
-        trials.setdefault(tuple(r[k] for k in TRIAL_KEYS), []).append(r)
+    check_rows(rows, ROW_COLUMNS, "memory.capacity")
+    trials = group_rows(rows, TRIAL_KEYS)
     summary = []
     for key, curve in trials.items():
         curve.sort(key=lambda r: r["N"])
@@ -360,13 +338,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
             }
         )  # fmt: skip
     summary.sort(key=lambda s: (ACTIVATIONS.index(s["activation"]) if s["activation"] in ACTIVATIONS else 99, s["d"]))
-    files: dict[str, bytes] = {}
-    for name, columns, data in (("capacity.csv", CAPACITY_COLUMNS, summary), ("recall.csv", ROW_COLUMNS, rows)):
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(data)
-        files[name] = buf.getvalue().encode()
+    files = {"capacity.csv": csv_bytes(CAPACITY_COLUMNS, summary), "recall.csv": csv_bytes(ROW_COLUMNS, rows)}
     files["capacity.png"], files["recall_curves.png"] = _summary_plots(summary)
     return files
 
@@ -400,7 +372,7 @@ def _summary_plots(summary: list[dict[str, Any]]) -> tuple[bytes, bytes]:
     ax_n.set(xlabel="d", ylabel="N* / d_ff", ylim=(0, None), title="capacity (recall >= threshold)")
     ax_b.set(xlabel="d", ylabel="bits / param", ylim=(0, None), title="N* · bits per value / params")
     ax_b.legend(fontsize=8)
-    capacity = _png(fig)
+    capacity = png_bytes(fig)
     fig = Figure(figsize=(4 * len(dims), 3.6), layout="constrained")
     axes = fig.subplots(1, len(dims), squeeze=False)[0]
     for ax, d in zip(axes, dims, strict=True):
@@ -415,7 +387,7 @@ def _summary_plots(summary: list[dict[str, Any]]) -> tuple[bytes, bytes]:
             )
         ax.set(xlabel="N / d_ff", ylabel="recall", title=f"d = {d}", ylim=(-0.02, 1.02))
     axes[0].legend(fontsize=8)
-    return capacity, _png(fig)
+    return capacity, png_bytes(fig)
 
 
 TASK = Task(

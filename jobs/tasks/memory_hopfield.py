@@ -30,7 +30,6 @@ Run alone: `python -m jobs run memory.hopfield --set rule=dense --set degree=3 -
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -42,7 +41,8 @@ from jobs.config import check_fields
 from jobs.layers.hopfield import RULES, DenseActivation, HopfieldMemory, Rule
 from jobs.registry import Task
 from jobs.runtime import Session
-from jobs.tasks.memory_capacity import TableRows, capacity_from_curve
+from jobs.tables import TableRows, check_rows, csv_bytes, group_rows, png_bytes
+from jobs.tasks.memory_capacity import capacity_from_curve
 
 CLASSICAL_CAPACITY = 0.138  # α_c of Amit, Gutfreund & Sompolinsky 1985 (the "0.14 d")
 
@@ -281,12 +281,6 @@ def _rows(cfg: HopfieldConfig, results: list[dict[str, Any]]) -> list[dict[str, 
 # --- plots and summary artifacts (summarize is called by the worker with the rows of every trial)
 
 
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    return buf.getvalue()
-
-
 def _curve_axes(
     ax_a: Any, ax_m: Any, curves: dict[str, list[dict[str, Any]]], styles: dict[str, dict[str, Any]] | None = None
 ) -> None:
@@ -309,7 +303,7 @@ def curve_png(cfg: HopfieldConfig, results: list[dict[str, Any]]) -> bytes:
     ax_a, ax_m = fig.subplots(1, 2)
     _curve_axes(ax_a, ax_m, {f"p={p:g}": [r for r in results if r["corruption"] == p] for p in cfg.corruptions})
     fig.suptitle(f"{rule_label(cfg.rule, cfg.degree, cfg.beta, cfg.dense_activation)}, d={cfg.d}")
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _trial_order(kv: tuple[tuple[Any, ...], Any]) -> tuple[Any, ...]:
@@ -323,18 +317,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     retrieval.csv (every row), accuracy.png (accuracy and overlap vs N/d per rule and d at the smallest
     corruption, with the 0.138 d line), capacity.png (N*/d and N*_m/d vs d per rule, 0.138 line) and
     capacity_d.png (N* and N*_m vs d on a log scale per rule and β, with the 0.138 d line)."""
-    import csv
-
     from matplotlib.figure import Figure
 
-    if not rows:
-        raise ValueError("summarize: got no rows; pass the `table` metric of each finished trial, concatenated")
-    missing = [k for k in ROW_COLUMNS if k not in rows[0]]
-    if missing:
-        raise ValueError(f"summarize: rows lack {', '.join(missing)}; expected the `table` rows of memory.hopfield")
-    trials: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for r in rows:
-        trials.setdefault(tuple(r[k] for k in TRIAL_KEYS), []).append(r)
+    check_rows(rows, ROW_COLUMNS, "memory.hopfield")
+    trials = group_rows(rows, TRIAL_KEYS)
     summary = []
     for key, curve in sorted(trials.items(), key=_trial_order):
         trial = dict(zip(TRIAL_KEYS, key, strict=True))
@@ -345,13 +331,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
                 {**trial, "corruption": p, **cap, "capacity_ratio": cap["capacity"] / d,
                  "capacity_ratio_overlap": cap["capacity_overlap"] / d}
             )  # fmt: skip
-    files: dict[str, bytes] = {}
-    for name, columns, data in (("capacity.csv", CAPACITY_COLUMNS, summary), ("retrieval.csv", ROW_COLUMNS, rows)):
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(data)
-        files[name] = buf.getvalue().encode()
+    files = {"capacity.csv": csv_bytes(CAPACITY_COLUMNS, summary), "retrieval.csv": csv_bytes(ROW_COLUMNS, rows)}
 
     def label(t: dict[str, Any]) -> str:
         return rule_label(t["rule"], t["degree"], t["beta"], t["dense_activation"])
@@ -370,7 +350,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     ax_a, ax_m = fig.subplots(1, 2)
     _curve_axes(ax_a, ax_m, curves, styles)
     fig.suptitle(f"retrieval from queries with {headline:g} of the bits flipped")
-    files["accuracy.png"] = _png(fig)
+    files["accuracy.png"] = png_bytes(fig)
     fig = Figure(figsize=(10, 4), layout="constrained")
     ax_n, ax_m = fig.subplots(1, 2)
     by_rule: dict[str, list[dict[str, Any]]] = {}
@@ -393,7 +373,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
         ax.set_xticks(dims, [str(d) for d in dims], minor=False)
         ax.minorticks_off()
     ax_m.legend(fontsize=8)
-    files["capacity.png"] = _png(fig)
+    files["capacity.png"] = png_bytes(fig)
     files["capacity_d.png"] = _capacity_d_png(by_rule, colors, dims, headline)
     return files
 
@@ -421,7 +401,7 @@ def _capacity_d_png(
         ax.set(yscale="log", xlabel="d", ylabel=what, xticks=dims)
     axes[1].legend(fontsize=7)
     fig.suptitle(f"capacity vs width, queries with {headline:g} of the bits flipped (triangles: grid top reached)")
-    return _png(fig)
+    return png_bytes(fig)
 
 
 TASK = Task(

@@ -31,13 +31,10 @@ sets a trial's threads to its cpus).
 from __future__ import annotations
 
 import copy
-import csv
 import dataclasses
 import functools
-import io
 import logging
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -60,7 +57,7 @@ from jobs.layers.sna_critic import (
 )
 from jobs.registry import Task
 from jobs.runtime import Session
-from jobs.tasks.memory_capacity import TableRows
+from jobs.tables import TableRows, check_rows, csv_bytes, mean_std, png_bytes
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation episodes start from seeds no training episode uses
 log = logging.getLogger(__name__)
@@ -576,21 +573,6 @@ def varying_keys(rows: list[dict[str, Any]]) -> tuple[str, ...]:
     return tuple(k for k in keys if len({repr(r.get(k)) for r in rows}) > 1)
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (n - 1) over seeds; NaN where there are too few values for either."""
-    mean = statistics.fmean(values) if values else math.nan
-    return mean, statistics.stdev(values) if len(values) >= 2 else math.nan
-
-
-def _csv(fields: list[str], data: list[dict[str, Any]]) -> bytes:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    # NaN (no seed, or one seed for a std) is written as an empty cell.
-    writer.writerows({k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in data)
-    return buf.getvalue().encode()
-
-
 def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     """Every trial's eval curve -> mean ± std over seeds at matched env steps.
 
@@ -604,12 +586,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     """
     from matplotlib.figure import Figure  # no pyplot: no global figure state, safe in a worker thread
 
-    if not rows:
-        raise ValueError("summarize: got no rows; pass the `table` metric of each trial, concatenated")
     columns = (*TRIAL_KEYS, "critic_params", "step", "eval_return")
-    missing = [k for k in columns if k not in rows[0]]
-    if missing:
-        raise ValueError(f"summarize: rows lack {', '.join(missing)}; expected the `table` rows of sna.halfcheetah")
+    check_rows(rows, columns, "sna.halfcheetah")
     varying = varying_keys(rows)
     curves: dict[str, dict[int, list[float]]] = {}  # arm -> step -> eval_return of each trial evaluated there
     reached: dict[str, dict[Any, int]] = {}  # arm -> seed -> last step evaluated
@@ -640,9 +618,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
         for arm in arms
     ]  # fmt: skip
     files = {
-        "curves.csv": _csv([*columns, "critic_params_sna"], rows),
-        "matched.csv": _csv(list(matched[0]), matched),
-        "final.csv": _csv(list(final[0]), final),
+        "curves.csv": csv_bytes([*columns, "critic_params_sna"], rows),
+        "matched.csv": csv_bytes(list(matched[0]), matched),
+        "final.csv": csv_bytes(list(final[0]), final),
     }
     panels = sorted({first[a]["rank"] for a in arms})
     # One colour per critic (and per value of any varying config) in every panel: sna is C0 and mlp C1 in each.
@@ -665,9 +643,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
         ax.legend(fontsize=7)
     axes[0].set_ylabel("deterministic eval return (mean ± std over seeds)")
     fig.suptitle(f"{rows[0]['env_id']} (hollow marker: fewer seeds evaluated there than the arm has)")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    files["eval_return.png"] = buf.getvalue()
+    files["eval_return.png"] = png_bytes(fig)
     return files
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import io
 import math
 import time
 from dataclasses import dataclass
@@ -55,7 +54,7 @@ from jobs.layers.separable import (
 )
 from jobs.registry import Task
 from jobs.runtime import Session
-from jobs.tasks.memory_capacity import TableRows
+from jobs.tables import TableRows, check_rows, csv_bytes, png_bytes
 
 System = Literal["lorenz63", "lorenz96"]
 Model = Literal["cp", "bilinear", "mlp"]
@@ -481,12 +480,6 @@ def _row(cfg: LorenzConfig, metrics: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    return buf.getvalue()
-
-
 def rollout_png(cfg: LorenzConfig, data: LorenzData, ev: dict[str, Any]) -> bytes:
     """True vs predicted trajectory from the first held-out initial condition (up to 3 variables) and its NRMSE,
     against time in Lyapunov times, with the VPT marked."""
@@ -510,25 +503,15 @@ def rollout_png(cfg: LorenzConfig, data: LorenzData, ev: dict[str, Any]) -> byte
     axes[0].legend(fontsize=7, loc="upper right")
     rank = "" if cfg.model == "mlp" else f" R={cfg.rank}"
     fig.suptitle(f"{cfg.system}: {cfg.model}{rank}, VPT={ev['vpt0']:.2f} Lyapunov times")
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     """One row per trial -> sna_lorenz.csv and vpt.png: mean ± std over seeds of the VPT and of the one-step
     NRMSE vs rank, one line per (system, model); an MLP's x is the rank of the model it was sized to match."""
-    import csv
-
     from matplotlib.figure import Figure
 
-    if not rows:
-        raise ValueError("summarize: got no rows; pass the `table` metric of each finished trial, concatenated")
-    missing = [k for k in ROW_COLUMNS if k not in rows[0]]
-    if missing:
-        raise ValueError(f"summarize: rows lack {', '.join(missing)}; expected the `table` rows of sna.lorenz")
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=ROW_COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
+    check_rows(rows, ROW_COLUMNS, "sna.lorenz")
     groups: dict[tuple[str, str], dict[int, list[dict[str, Any]]]] = {}
     for r in rows:
         labels = {"cp": f"CP, {r['basis']} factors", "bilinear": "bilinear", "mlp": f"MLP sized as {r['match']}"}
@@ -545,7 +528,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     ax_v.set(xscale="log", xlabel="rank R", ylabel="valid prediction time (Lyapunov times)")
     ax_e.set(xscale="log", yscale="log", xlabel="rank R", ylabel="one-step NRMSE")
     ax_v.legend(fontsize=7)
-    return {"sna_lorenz.csv": buf.getvalue().encode(), "vpt.png": _png(fig)}
+    return {"sna_lorenz.csv": csv_bytes(ROW_COLUMNS, rows), "vpt.png": png_bytes(fig)}
 
 
 TASK = Task(
