@@ -10,8 +10,10 @@ is encoded as two aligned int64 tensors:
 - `fixed`: the fixed token's id, or PAD (0) at a symbol position;
 - `sym`: the stream index k in [0, n) at a symbol position, or -1 at a fixed position.
 Batches pad with fixed = PAD and sym = -1 (a padded position is one with both), and carry `sym_mask`
-(B, n_max): True for the streams an example has. Targets are framed BOS ... EOS (teacher forcing feeds
-tgt[:, :-1] and predicts tgt[:, 1:]); sources are the bare formula.
+(B, n_max): True for the streams an example has, and `sym_names` (B, n_max): the index of stream k's name
+in a name pool (the task's names a..z), -1 for padding or a name outside the pool. Only the paper's
+name-indexed baseline reads `sym_names`; the invariant model never sees a name. Targets are framed
+BOS ... EOS (teacher forcing feeds tgt[:, :-1] and predicts tgt[:, 1:]); sources are the bare formula.
 
 Formulas are written in prefix (Polish) notation, one token per node, as DeepLTL's "network-polish" format;
 a formula's size is its number of tokens. `random_formula` follows spot's randltl algorithm, `simplify` a
@@ -113,11 +115,12 @@ def encode_tokens(tokens: Sequence[str], symbols: Sequence[str], vocab: Vocab) -
     return fixed, sym
 
 
-Encoded = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor", "torch.Tensor", int]
+Encoded = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor", "torch.Tensor", int, "torch.Tensor"]
 
 
-def encode(example: SymbolicExample, vocab: Vocab) -> Encoded:
-    """(src_fixed [S], src_sym [S], tgt_fixed [T], tgt_sym [T], n): the target framed by BOS and EOS."""
+def encode(example: SymbolicExample, vocab: Vocab, pool: Sequence[str] | None = None) -> Encoded:
+    """(src_fixed [S], src_sym [S], tgt_fixed [T], tgt_sym [T], n, names [n]): the target framed by BOS and
+    EOS; names[k] is the index of symbols[k] in `pool` (-1 if it is not there, or no pool)."""
     import torch  # here, not at the top: see the imports
 
     clash = sorted(set(example.symbols) & set(vocab))
@@ -131,7 +134,14 @@ def encode(example: SymbolicExample, vocab: Vocab) -> Encoded:
         torch.tensor([BOS_ID, *tgt_fixed, EOS_ID], dtype=torch.long),
         torch.tensor([-1, *tgt_sym, -1], dtype=torch.long),
         len(example.symbols),
+        torch.tensor(name_ids(example.symbols, pool), dtype=torch.long),
     )
+
+
+def name_ids(symbols: Sequence[str], pool: Sequence[str] | None) -> list[int]:
+    """The index of every name in `pool`, -1 for a name outside it (or every name without a pool)."""
+    index = {} if pool is None else {name: i for i, name in enumerate(pool)}
+    return [index.get(s, -1) for s in symbols]
 
 
 def decode(
@@ -168,12 +178,14 @@ class SymbolicBatch:
     """(B, T) stream indices of the targets, -1 elsewhere."""
     sym_mask: torch.Tensor
     """(B, n_max) bool: True for the streams (symbols) each example has."""
+    sym_names: torch.Tensor
+    """(B, n_max) index of each stream's name in the name pool; -1 for padding and names outside it."""
 
     def to(self, device: torch.device | str) -> SymbolicBatch:
         return SymbolicBatch(*(getattr(self, f).to(device) for f in _BATCH_FIELDS))
 
 
-_BATCH_FIELDS = ("src_fixed", "src_sym", "tgt_fixed", "tgt_sym", "sym_mask")
+_BATCH_FIELDS = ("src_fixed", "src_sym", "tgt_fixed", "tgt_sym", "sym_mask", "sym_names")
 
 
 def _pad(rows: Sequence[torch.Tensor], value: int) -> torch.Tensor:
@@ -185,8 +197,10 @@ def _pad(rows: Sequence[torch.Tensor], value: int) -> torch.Tensor:
     return out
 
 
-def collate(examples: Sequence[SymbolicExample | Encoded], vocab: Vocab | None = None) -> SymbolicBatch:
-    """Pad a list of examples (encoded with `vocab`) or of `encode` outputs into one batch."""
+def collate(
+    examples: Sequence[SymbolicExample | Encoded], vocab: Vocab | None = None, pool: Sequence[str] | None = None
+) -> SymbolicBatch:
+    """Pad a list of examples (encoded with `vocab` and the name `pool`) or of `encode` outputs into one batch."""
     import torch
 
     if not examples:
@@ -196,7 +210,7 @@ def collate(examples: Sequence[SymbolicExample | Encoded], vocab: Vocab | None =
         if isinstance(ex, SymbolicExample):
             if vocab is None:
                 raise ValueError("collate: pass vocab= to encode SymbolicExample items")
-            encoded.append(encode(ex, vocab))
+            encoded.append(encode(ex, vocab, pool))
         else:
             encoded.append(ex)
     n = torch.tensor([e[4] for e in encoded])
@@ -207,6 +221,9 @@ def collate(examples: Sequence[SymbolicExample | Encoded], vocab: Vocab | None =
         tgt_fixed=_pad([e[2] for e in encoded], PAD_ID),
         tgt_sym=_pad([e[3] for e in encoded], -1),
         sym_mask=torch.arange(n_max)[None, :] < n[:, None],  # (B, n_max)
+        sym_names=_pad([e[5] for e in encoded], -1)
+        if n_max
+        else torch.zeros(len(encoded), 0, dtype=torch.long),  # (B, n_max)
     )
 
 

@@ -10,12 +10,16 @@ round differently when streams trade places in the batch (at most 6e-7 on the lo
 across the paper's ablation grid), so a renaming could flip a decision only at a near-tie of that size.
 
 - per-stream attention (EP, DP, and cross attention CP): stream k attends within stream k.
-- aggregated attention (EA, DA, and cross attention CA): the streams' queries attend over ONE fused view
-  (`fuse_streams`) shared by all streams. B.2 reads "mean of the k streams, restore stream i at the
-  positions of token i, then self-attention over this fused view"; the SIT code for this layer is not
-  in the mirrored files, so we take the fused view as keys and values and keep the queries per stream:
-  the output stays per stream (a stream still knows which symbol it is) and the layer is invariant
-  either way.
+- aggregated attention (EA, DA, and cross attention CA) reads ONE fused view (`fuse_streams`) shared by all
+  streams, in one of two ways (`aggregation`):
+  - "queries" (our first reading): the streams' own queries attend over the fused view as keys and values;
+    the output stays per stream (a stream still knows which symbol it is).
+  - "fused" (the seed's and models.md B.2's reading: "mean of the k streams, restore stream i at the
+    positions of token i, then self-attention over this fused view"): queries, keys and values all come
+    from the fused view, and the one output [B, 1, T, d] is added to every stream's residual (the streams
+    stay apart through their residuals). Under CA the fused decoder view attends the fused encoder view.
+  The SIT code for this layer is not in the files we could read, so which one it runs is not known; both
+  are invariant: the fused view is a function of the set of streams, looked up by symbol.
 
 Layers are pre-LayerNorm (x + f(LN(x))) rather than the post-LN of the SIT/ITE code: it trains without
 a warm-up at the tiny sizes and short budgets our CPU runs use. The paper's LayerNorm eps (1e-6) is kept.
@@ -26,6 +30,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from jobs.layers.symbolic_config import Aggregation
 
 LN_EPS = 1e-6  # SIT `--layer-norm-eps` default (models.md B.3)
 
@@ -52,6 +58,23 @@ def fuse_streams(h: torch.Tensor, sym: torch.Tensor | None, stream_mask: torch.T
         own = h.gather(1, index).squeeze(1)  # [B, T, d]: h[b, sym[b, t], t]
         fused = torch.where((sym >= 0)[..., None], own, fused)
     return fused[:, None]
+
+
+def aggregated_attention(
+    attn: StreamAttention,
+    x: torch.Tensor,
+    sym: torch.Tensor | None,
+    stream_mask: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    aggregation: Aggregation,
+    causal: bool = False,
+) -> torch.Tensor:
+    """The aggregated self-attention of x [B, N, T, d] (module docstring): [B, N, T, d] ("queries") or
+    [B, 1, T, d] ("fused": one output, broadcast onto every stream by the residual sum)."""
+    fused = fuse_streams(x, sym, stream_mask)  # [B, 1, T, d]
+    if aggregation == "fused":
+        return attn(fused, fused, key_mask, causal=causal)
+    return attn(x, fused, key_mask, causal=causal)
 
 
 class StreamAttention(nn.Module):
@@ -113,8 +136,18 @@ class EncoderLayer(nn.Module):
     """[per-stream self-attention (EP)] -> [aggregated self-attention (EA)] -> feed-forward, each residual.
     A disabled attention has no module (no parameter DDP would find unused)."""
 
-    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, per_stream: bool, aggregated: bool) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        ff: int,
+        dropout: float,
+        per_stream: bool,
+        aggregated: bool,
+        aggregation: Aggregation = "queries",
+    ) -> None:
         super().__init__()
+        self.aggregation = aggregation
         self.per_norm = nn.LayerNorm(d_model, eps=LN_EPS) if per_stream else None
         self.per_attn = StreamAttention(d_model, heads) if per_stream else None
         self.agg_norm = nn.LayerNorm(d_model, eps=LN_EPS) if aggregated else None
@@ -131,16 +164,29 @@ class EncoderLayer(nn.Module):
             h = h + self.drop(self.per_attn(x, x, key_mask))
         if self.agg_attn is not None and self.agg_norm is not None:
             x = self.agg_norm(h)
-            h = h + self.drop(self.agg_attn(x, fuse_streams(x, sym, stream_mask), key_mask))
+            h = h + self.drop(aggregated_attention(self.agg_attn, x, sym, stream_mask, key_mask, self.aggregation))
         return h + self.drop(self.ff(self.ff_norm(h)))
 
 
 class DecoderLayer(nn.Module):
     """[per-stream causal self-attention (DP)] -> [aggregated causal self-attention (DA)] -> cross
-    attention over the encoder (CP: memory per stream; CA: the fused encoder view) -> feed-forward."""
+    attention over the encoder (CP: memory per stream; CA: the fused encoder view, read by every stream's queries,
+    or with `fused_cross` by the fused decoder view's) -> feed-forward."""
 
-    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, per_stream: bool, aggregated: bool) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        ff: int,
+        dropout: float,
+        per_stream: bool,
+        aggregated: bool,
+        aggregation: Aggregation = "queries",
+        fused_cross: bool = False,
+    ) -> None:
         super().__init__()
+        self.aggregation = aggregation
+        self.fused_cross = fused_cross
         self.per_norm = nn.LayerNorm(d_model, eps=LN_EPS) if per_stream else None
         self.per_attn = StreamAttention(d_model, heads) if per_stream else None
         self.agg_norm = nn.LayerNorm(d_model, eps=LN_EPS) if aggregated else None
@@ -165,6 +211,9 @@ class DecoderLayer(nn.Module):
             h = h + self.drop(self.per_attn(x, x, None, causal=True))
         if self.agg_attn is not None and self.agg_norm is not None:
             x = self.agg_norm(h)
-            h = h + self.drop(self.agg_attn(x, fuse_streams(x, sym, stream_mask), None, causal=True))
-        h = h + self.drop(self.cross_attn(self.cross_norm(h), memory, memory_mask))
+            h = h + self.drop(aggregated_attention(self.agg_attn, x, sym, stream_mask, None, self.aggregation, True))
+        x = self.cross_norm(h)
+        if self.fused_cross:  # CA on the fused views: the fused decoder view queries, its output goes to every stream
+            x = fuse_streams(x, sym, stream_mask)  # [B, 1, T, d]
+        h = h + self.drop(self.cross_attn(x, memory, memory_mask))
         return h + self.drop(self.ff(self.ff_norm(h)))

@@ -12,10 +12,12 @@ import annotated_types as at
 
 from jobs.config import check_fields
 
-Embedding = Literal["invariant", "fixed", "random"]
+Embedding = Literal["invariant", "fixed", "fixed_rank", "random"]
 Cross = Literal["per_stream", "aggregated"]
+Aggregation = Literal["queries", "fused"]
 EMBEDDINGS: tuple[str, ...] = get_args(Embedding)
 CROSS: tuple[str, ...] = get_args(Cross)
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 
 # The paper's ablation grid (models.md B.2), written as changes against the full model.
 PAPER_ABLATIONS: tuple[str, ...] = ("EP-DP-EA-DA-CP", "-CP+CA", "-DP", "-EA-DA", "-DA", "-EA")
@@ -91,10 +93,19 @@ class SymbolicModelConfig:
     """DA: aggregated causal self-attention in the decoder (SIT's released LTL run turns it off)."""
     cross: Cross = "per_stream"
     """Cross attention: per_stream (CP: decoder stream k reads encoder stream k) or aggregated (CA)."""
+    aggregation: Aggregation = "queries"
+    """How aggregated attention (EA, DA, CA) reads the fused view (the stream mean with each symbol's position
+    restored from its own stream). queries: every stream keeps its own queries and attends over the fused
+    view as keys and values (output per stream). fused: the seed's reading, self-attention ON the fused view
+    (queries, keys and values all from it; CA: the fused decoder view attends the fused encoder view), and
+    its one output is added to every stream. Both are renaming-invariant."""
     embedding: Embedding = "invariant"
-    """invariant (one stream per symbol), fixed (learned table, one stream) or random (Işık et al. 2025)."""
+    """invariant (one stream per symbol), fixed (a learned table indexed by the symbol's NAME, the paper's
+    baseline; needs sym_names), fixed_rank (a learned table indexed by the name's rank among the example's
+    names) or random (Işık et al. 2025)."""
     max_symbols: Annotated[int, at.Gt(0)] = 26
-    """Rows of the fixed baseline's symbol table: the most symbols (streams) one example may have there."""
+    """Rows of the fixed baselines' symbol table: the name pool's size (fixed) or the most symbols one example
+    may have (fixed_rank)."""
     max_len: Annotated[int, at.Ge(2)] = 128
     """Longest target sequence, BOS and EOS included; decoding emits at most max_len - 1 tokens by default."""
     bos_id: Annotated[int, at.Ge(1)] = 1

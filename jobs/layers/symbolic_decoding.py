@@ -67,10 +67,11 @@ def greedy_decode(
     sym_mask: torch.Tensor,
     max_len: int | None = None,
     src_pos: torch.Tensor | None = None,
+    sym_names: torch.Tensor | None = None,
 ) -> Decoded:
     cfg = model.config
     steps = _max_len(model, max_len)
-    state = model.encode(src_fixed, src_sym, sym_mask, src_pos)
+    state = model.encode(src_fixed, src_sym, sym_mask, src_pos, sym_names)
     B = src_fixed.shape[0]
     seq = torch.full((B, 1), cfg.bos_id, dtype=torch.long, device=src_fixed.device)
     done = torch.zeros(B, dtype=torch.bool, device=src_fixed.device)
@@ -98,6 +99,7 @@ def beam_decode(
     max_len: int | None = None,
     alpha: float = 1.0,
     src_pos: torch.Tensor | None = None,
+    sym_names: torch.Tensor | None = None,
 ) -> Decoded:
     cfg = model.config
     if k < 1:
@@ -107,7 +109,7 @@ def beam_decode(
     steps = _max_len(model, max_len)
     device = src_fixed.device
     B = src_fixed.shape[0]
-    state = model.encode(src_fixed, src_sym, sym_mask, src_pos).repeat(k)  # rows b*k .. b*k + k - 1
+    state = model.encode(src_fixed, src_sym, sym_mask, src_pos, sym_names).repeat(k)  # rows b*k .. b*k + k - 1
 
     def lp(length: int) -> float:
         return ((5.0 + length) / 6.0) ** alpha

@@ -15,7 +15,10 @@ attention, P/A = per-stream / aggregated): ep, ea, dp, da and cross = per_stream
 re-exported here) map the paper's names.
 
 Baselines, same class: embedding="fixed" (one stream, a learned table of `max_symbols` vectors indexed by
-the stream number: names matter again) and embedding="random" (Işık et al. 2025: one stream, symbol k gets
+the symbol's name, as the paper's baseline: pass `sym_names`, the pool index of each stream's name; a name
+never seen in training has an untrained row), embedding="fixed_rank" (the same table indexed by the stream
+number, i.e. the name's rank among the example's names: more invariant than the paper's baseline, since
+renamings that keep the order change nothing) and embedding="random" (Işık et al. 2025: one stream, symbol k gets
 [shared learned half | fresh Gaussian half] at every training forward; in eval mode the Gaussian half is
 drawn from a generator seeded with `eval_seed`, so predictions are deterministic given the seed).
 
@@ -83,14 +86,15 @@ class EncoderState(NamedTuple):
     key_mask: torch.Tensor  # [B, S] real source positions
     stream_mask: torch.Tensor  # [B, N] streams that take part in means
     sym_mask: torch.Tensor  # [B, n_max] as given: which "symbol k" outputs exist
-    table: torch.Tensor | None  # [n_max, d] symbol vectors of the baselines (None: invariant)
+    table: torch.Tensor | None  # [B, n_max, d] symbol vectors of the baselines (None: invariant)
 
     def repeat(self, k: int) -> EncoderState:
         fused = None if self.fused is None else self.fused.repeat_interleave(k, dim=0)
+        table = None if self.table is None else self.table.repeat_interleave(k, dim=0)
         memory, key_mask, stream_mask, sym_mask = (
             t.repeat_interleave(k, dim=0) for t in (self.memory, self.key_mask, self.stream_mask, self.sym_mask)
         )
-        return EncoderState(memory, fused, key_mask, stream_mask, sym_mask, self.table)
+        return EncoderState(memory, fused, key_mask, stream_mask, sym_mask, table)
 
 
 class SymbolInvariantTransformer(nn.Module):
@@ -104,17 +108,26 @@ class SymbolInvariantTransformer(nn.Module):
         if config.embedding == "invariant":
             self.actual = nn.Parameter(torch.randn(d))  # also the output vector of "symbol of this stream"
             self.placeholder = nn.Parameter(torch.randn(d))
-        elif config.embedding == "fixed":
+        elif config.embedding in ("fixed", "fixed_rank"):
             self.symbol_embed = nn.Embedding(config.max_symbols, d)
         else:
             self.random_shared = nn.Parameter(torch.randn(d - d // 2))  # learned half; the other half is random
         self.drop = nn.Dropout(config.dropout)
         self.encoder = nn.ModuleList(
-            EncoderLayer(d, config.heads, config.ff, config.dropout, config.ep, config.ea)
+            EncoderLayer(d, config.heads, config.ff, config.dropout, config.ep, config.ea, config.aggregation)
             for _ in range(config.enc_layers)
         )
         self.decoder = nn.ModuleList(
-            DecoderLayer(d, config.heads, config.ff, config.dropout, config.dp, config.da)
+            DecoderLayer(
+                d,
+                config.heads,
+                config.ff,
+                config.dropout,
+                config.dp,
+                config.da,
+                config.aggregation,
+                fused_cross=config.cross == "aggregated" and config.aggregation == "fused",
+            )  # fmt: skip
             for _ in range(config.dec_layers)
         )
         self.enc_norm = nn.LayerNorm(d, eps=LN_EPS)
@@ -123,25 +136,43 @@ class SymbolInvariantTransformer(nn.Module):
         self.register_buffer("adacos_scale", torch.tensor(math.sqrt(2) * math.log(config.vocab_size - 1)))
 
     # --- embeddings
-    def _symbol_table(self, n: int, like: torch.Tensor) -> torch.Tensor | None:
-        """[n, d] vectors of symbols 0..n-1 for the one-stream baselines (None when invariant)."""
+    def _symbol_table(
+        self, sym_mask: torch.Tensor, like: torch.Tensor, sym_names: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """[B, n, d] vectors of each example's symbol streams 0..n-1 for the one-stream baselines (None when
+        invariant)."""
         cfg = self.config
+        B, n = sym_mask.shape
         if cfg.embedding == "invariant":
             return None
         if cfg.embedding == "fixed":
+            if sym_names is None or sym_names.shape != sym_mask.shape:
+                raise ValueError(
+                    "sym_names: the fixed baseline indexes its table by the symbol's name; pass the pool index of "
+                    f"each stream's name, shape {list(sym_mask.shape)} (got "
+                    f"{None if sym_names is None else list(sym_names.shape)})"
+                )
+            real = sym_names[sym_mask]
+            if real.numel() and (int(real.min()) < 0 or int(real.max()) >= cfg.max_symbols):
+                raise ValueError(
+                    f"sym_names: the fixed baseline has {cfg.max_symbols} name vectors (max_symbols), got name "
+                    f"ids {sorted(set(real.tolist()))}; names outside the pool have none"
+                )
+            return self.symbol_embed(sym_names.clamp(0, cfg.max_symbols - 1))  # [B, n, d]; padding: row 0
+        if cfg.embedding == "fixed_rank":
             if n > cfg.max_symbols:
                 raise ValueError(
                     f"max_symbols: the fixed baseline has {cfg.max_symbols} symbol vectors, the batch has "
                     f"{n} symbol streams; raise max_symbols"
                 )
-            return self.symbol_embed.weight[:n]
+            return self.symbol_embed.weight[:n].expand(B, n, -1)
         half = cfg.d_model // 2
         if self.training:  # fresh vectors every forward: identities cannot be memorised (Işık et al. 2025)
             noise = torch.randn(n, half, device=like.device, dtype=like.dtype)
         else:
             gen = torch.Generator().manual_seed(cfg.eval_seed)  # CPU draw: the same vectors on every device
             noise = torch.randn(n, half, generator=gen, dtype=torch.float64).to(like.device, like.dtype)
-        return torch.cat([self.random_shared.to(like.dtype).expand(n, -1), noise], dim=1)
+        return torch.cat([self.random_shared.to(like.dtype).expand(n, -1), noise], dim=1).expand(B, n, -1)
 
     def _embed(self, fixed: torch.Tensor, sym: torch.Tensor, streams: int, table: torch.Tensor | None) -> torch.Tensor:
         """Token vectors of every stream [B, N, T, d], L2-normalised and scaled to norm √d."""
@@ -154,7 +185,9 @@ class SymbolInvariantTransformer(nn.Module):
             placeholder = F.normalize(self.placeholder, dim=0) * scale
             symbol = torch.where(own[..., None], actual, placeholder)  # [B, N, T, d]
             return torch.where(is_sym, symbol, base[:, None])
-        symbol = (F.normalize(table, dim=-1) * scale)[sym.clamp(min=0)]  # [B, T, d]
+        vectors = F.normalize(table, dim=-1) * scale  # [B, n, d]
+        index = sym.clamp(min=0)[..., None].expand(-1, -1, vectors.shape[-1])  # [B, T, d]
+        symbol = vectors.gather(1, index) if vectors.shape[1] else torch.zeros_like(base)  # [B, T, d]
         return torch.where(is_sym, symbol[:, None], base[:, None])  # [B, 1, T, d]
 
     def _stream_mask(self, sym_mask: torch.Tensor) -> torch.Tensor:
@@ -174,7 +207,9 @@ class SymbolInvariantTransformer(nn.Module):
         src_sym: torch.Tensor,
         sym_mask: torch.Tensor,
         src_pos: torch.Tensor | None = None,
+        sym_names: torch.Tensor | None = None,
     ) -> EncoderState:
+        """sym_names [B, n_max]: the name-pool index of each stream's name (only embedding="fixed" reads it)."""
         cfg = self.config
         B, S = src_fixed.shape
         n_max = sym_mask.shape[1]
@@ -188,7 +223,7 @@ class SymbolInvariantTransformer(nn.Module):
         stream_mask = self._stream_mask(sym_mask.bool())
         N = stream_mask.shape[1]
         dtype = self.fixed_embed.weight.dtype
-        table = self._symbol_table(n_max, self.fixed_embed.weight)
+        table = self._symbol_table(sym_mask.bool(), self.fixed_embed.weight, sym_names)
         if src_pos is None:
             if cfg.arities is not None:
                 src_pos = tree_positions(src_fixed, src_sym, cfg.arities, cfg.d_model)
@@ -235,7 +270,7 @@ class SymbolInvariantTransformer(nn.Module):
         if state.table is None:
             sym_cos = (features @ F.normalize(self.actual, dim=0)).transpose(1, 2)  # [B, N, T] -> [B, T, N]
         else:
-            sym_cos = features[:, 0] @ F.normalize(state.table, dim=-1).T  # [B, T, n_max]
+            sym_cos = features[:, 0] @ F.normalize(state.table, dim=-1).transpose(1, 2)  # [B, T, n_max]
         n_max = state.sym_mask.shape[1]
         sym_cos = sym_cos[..., :n_max]  # an example-free batch (n_max = 0) still ran one stream
         scale = self.adacos_scale.to(fixed_cos.dtype, copy=True)  # a copy: the loss updates the buffer in place
@@ -253,10 +288,12 @@ class SymbolInvariantTransformer(nn.Module):
         tgt_sym_in: torch.Tensor,
         sym_mask: torch.Tensor,
         src_pos: torch.Tensor | None = None,
+        sym_names: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced logits (fixed [B, T, V], symbol streams [B, T, n_max]) of the token after each
         target-input position; both are AdaCos scale × cosine."""
-        return self.decode(self.encode(src_fixed, src_sym, sym_mask, src_pos), tgt_fixed_in, tgt_sym_in)
+        state = self.encode(src_fixed, src_sym, sym_mask, src_pos, sym_names)
+        return self.decode(state, tgt_fixed_in, tgt_sym_in)
 
     # --- loss
     def loss(self, batch: BatchLike) -> torch.Tensor:
@@ -268,6 +305,7 @@ class SymbolInvariantTransformer(nn.Module):
             batch.tgt_sym[:, :-1],
             batch.sym_mask,
             getattr(batch, "src_pos", None),
+            getattr(batch, "sym_names", None),
         )
         return self.loss_from_logits(fixed_logits, sym_logits, batch.tgt_fixed[:, 1:], batch.tgt_sym[:, 1:])
 
@@ -310,8 +348,9 @@ class SymbolInvariantTransformer(nn.Module):
         sym_mask: torch.Tensor,
         max_len: int | None = None,
         src_pos: torch.Tensor | None = None,
+        sym_names: torch.Tensor | None = None,
     ) -> Decoded:
-        return greedy_decode(self, src_fixed, src_sym, sym_mask, max_len, src_pos)
+        return greedy_decode(self, src_fixed, src_sym, sym_mask, max_len, src_pos, sym_names)
 
     def beam_search(
         self,
@@ -322,5 +361,6 @@ class SymbolInvariantTransformer(nn.Module):
         max_len: int | None = None,
         alpha: float = 1.0,
         src_pos: torch.Tensor | None = None,
+        sym_names: torch.Tensor | None = None,
     ) -> Decoded:
-        return beam_decode(self, src_fixed, src_sym, sym_mask, k, max_len, alpha, src_pos)
+        return beam_decode(self, src_fixed, src_sym, sym_mask, k, max_len, alpha, src_pos, sym_names)

@@ -49,6 +49,7 @@ LTL = SymbolicData(
     check=check_trace,
     max_target_tokens=lambda cfg: cfg.max_trace_tokens,
     examples=(("U", "a", "X", "b"), ("&", "a", "X", "!", "b")),
+    pool=ltl.APS,
 )
 
 

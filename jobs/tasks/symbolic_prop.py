@@ -5,8 +5,12 @@ Data (jobs/data/propositional.py): satisfiable prefix formulas over up to 5 vari
 minimal satisfying partial assignment (`a 1 c 0`) as target; one data set per `data_seed` (DeepLTL's 42),
 shuffled and cut into train and a held-out test set, so that seeds vary only the model and its batches.
 Model (jobs/layers/symbolic_transformer.py): `variant` is an attention ablation of the invariant model in the
-paper's names ("EP-DP-EA-DA-CP" = full; "-CP+CA", "-DP", "-EA-DA", "-DA", "-EA") or a baseline: "fixed" (a
-learned table of symbol embeddings indexed by stream) or "random" (Işık et al. 2025: fresh random vectors).
+paper's names ("EP-DP-EA-DA-CP" = full; "-CP+CA", "-DP", "-EA-DA", "-DA", "-EA"), optionally followed by
+"/fused" for the seed's aggregated attention (self-attention on the fused view; without it the streams' own
+queries attend over the fused view, SymbolicModelConfig.aggregation), or a baseline: "fixed" (the paper's: a
+learned table of symbol embeddings indexed by the symbol's name in the pool a..z), "fixed_rank" (the same
+table indexed by the name's rank among the example's names) or "random" (Işık et al. 2025: fresh random
+vectors).
 Training: teacher forcing, cosine + AdaCos loss, AdamW with linear warmup and cosine decay (SIT's optimiser
 settings, models.md B.3). Every `eval_every` steps: beam search (k = 3) on the test set, each prediction
 checked (jobs/data/checkers.py): Correct, Exact; and alpha-covariance at 3, 4 and 5 symbols on the first
@@ -67,17 +71,22 @@ from jobs.registry import Task
 from jobs.runtime import Session
 from jobs.tasks.memory_capacity import TableRows
 
-BASELINES = ("fixed", "random")
+BASELINES = ("fixed", "fixed_rank", "random")
 """Variants that are baselines (one stream; the attention flags do not matter there)."""
-PAPER_VARIANTS = ("EP-DP-EA-DA-CP", "-CP+CA", "-DP", "-EA-DA", "-DA", "-EA", *BASELINES)
+FUSED = "/fused"
+"""Variant suffix: aggregated attention as the seed describes it (SymbolicModelConfig.aggregation="fused")."""
+PAPER_VARIANTS = (
+    tuple(v for a in ("EP-DP-EA-DA-CP", "-CP+CA", "-DP", "-EA-DA", "-DA", "-EA") for v in (a, a + FUSED)) + BASELINES
+)
 ALPHA_COUNTS = (3, 4, 5)
 
 
 @dataclass(frozen=True)
 class SymbolicConfig:
     variant: str = "EP-DP-EA-DA-CP"
-    """Invariant model ablation ('EP-DP-EA-DA-CP' full, '-CP+CA', '-DP', '-EA-DA', '-DA', '-EA', ...) or a
-    baseline: 'fixed' (learned symbol table) or 'random' (random symbol vectors, Işık et al. 2025)."""
+    """Invariant model ablation ('EP-DP-EA-DA-CP' full, '-CP+CA', '-DP', '-EA-DA', '-DA', '-EA', ...), with
+    '/fused' appended for the seed's aggregated attention (e.g. 'EP-DP-EA-DA-CP/fused'), or a baseline: 'fixed'
+    (symbol table indexed by name, the paper's), 'fixed_rank' (indexed by rank) or 'random' (Işık et al. 2025)."""
     d_model: Annotated[int, at.Gt(0)] = 32
     """Width of every stream (SIT: 64). Must be divisible by heads."""
     heads: Annotated[int, at.Gt(0)] = 4
@@ -138,9 +147,12 @@ class SymbolicConfig:
         check_fields(self)
         if self.variant not in BASELINES:
             try:
-                parse_ablation(self.variant)
+                parse_ablation(self.variant.removesuffix(FUSED))
             except ValueError as exc:
-                raise ValueError(f"variant: {exc}; or a baseline: {', '.join(BASELINES)}") from None
+                raise ValueError(
+                    f"variant: {exc}; append {FUSED!r} for the seed's aggregated attention; or a baseline: "
+                    f"{', '.join(BASELINES)}"
+                ) from None
         if self.d_model % self.heads:
             raise ValueError(f"d_model: must be divisible by heads ({self.heads}), got {self.d_model}")
         if self.eval_every > self.steps:
@@ -164,6 +176,8 @@ class SymbolicData:
     max_target_tokens: Callable[[SymbolicConfig], int]
     examples: tuple[tuple[str, ...], ...]
     """Two hand-written formulas for example_input."""
+    pool: tuple[str, ...]
+    """The name pool (a..z): the name-indexed baseline's table rows, and what renamings draw from."""
 
 
 def _generate_prop(cfg: SymbolicConfig, count: int, seed: int) -> list[SymbolicExample]:
@@ -180,6 +194,7 @@ PROP = SymbolicData(
     check=check_assignment,
     max_target_tokens=lambda cfg: 2 * cfg.num_symbols,  # one (variable, value) pair per variable at most
     examples=(("&", "a", "!", "b"), ("xor", "a", "<->", "b", "c")),
+    pool=propositional.VARIABLES,
 )
 
 METRICS = {
@@ -198,12 +213,14 @@ METRICS = {
 def model_config(cfg: SymbolicConfig, data: SymbolicData) -> SymbolicModelConfig:
     common = dict(
         vocab_size=len(data.vocab), d_model=cfg.d_model, heads=cfg.heads, ff=cfg.ff, enc_layers=cfg.layers,
-        dec_layers=cfg.layers, dropout=cfg.dropout, max_symbols=cfg.num_symbols,
+        dec_layers=cfg.layers, dropout=cfg.dropout, max_symbols=len(data.pool),
         max_len=data.max_target_tokens(cfg) + 2, arities=arities(data.vocab, data.arity), eval_seed=cfg.seed,
     )  # fmt: skip
     if cfg.variant in BASELINES:
         return SymbolicModelConfig(embedding=cfg.variant, **common)  # type: ignore[arg-type]
-    return SymbolicModelConfig.from_ablation(cfg.variant, **common)
+    ablation = cfg.variant.removesuffix(FUSED)
+    aggregation = "fused" if cfg.variant.endswith(FUSED) else "queries"
+    return SymbolicModelConfig.from_ablation(ablation, aggregation=aggregation, **common)
 
 
 class PackedSymbolic(nn.Module):
@@ -215,11 +232,13 @@ class PackedSymbolic(nn.Module):
         self.beam_size = beam_size
 
     def forward(self, packed: torch.Tensor) -> torch.Tensor:
-        """[B, S, 2] (fixed id, stream or -1) -> the beam-search prediction [B, L, 2], EOS-terminated."""
+        """[B, S, 2] (fixed id, stream or -1) -> the beam-search prediction [B, L, 2], EOS-terminated. The input
+        carries no names: the name-indexed baseline reads stream k as the pool's k-th name (a, b, c, ...)."""
         fixed, sym = packed[..., 0].round().long(), packed[..., 1].round().long()  # [B, S] each
         n = sym.max(dim=1).values.clamp(min=-1) + 1  # streams 0..n-1 all occur in the source (data convention)
         sym_mask = torch.arange(int(n.max()), device=sym.device)[None, :] < n[:, None]
-        decoded = self.transformer.beam_search(fixed, sym, sym_mask, k=self.beam_size)
+        names = torch.arange(sym_mask.shape[1], device=sym.device).expand_as(sym_mask)
+        decoded = self.transformer.beam_search(fixed, sym, sym_mask, k=self.beam_size, sym_names=names)
         out = torch.zeros(len(decoded), max(len(f) for f, _ in decoded) + 1, 2, device=packed.device)
         out[..., 1] = -1
         for b, (f, s) in enumerate(decoded):
@@ -279,14 +298,16 @@ def get_lr(cfg: SymbolicConfig, step: int) -> float:
 
 def predict(
     model: SymbolInvariantTransformer, examples: Sequence[SymbolicExample], vocab: Vocab, cfg: SymbolicConfig,
-    max_tokens: int, device: torch.device,
+    max_tokens: int, device: torch.device, pool: Sequence[str] | None = None,
 ) -> list[list[str]]:  # fmt: skip
     """Beam-search predictions as tokens, in each example's own names."""
     out: list[list[str]] = []
     for i in range(0, len(examples), cfg.eval_batch_size):
         chunk = examples[i : i + cfg.eval_batch_size]
-        b = collate(chunk, vocab).to(device)
-        decoded = model.beam_search(b.src_fixed, b.src_sym, b.sym_mask, k=cfg.beam_size, max_len=max_tokens + 1)
+        b = collate(chunk, vocab, pool).to(device)
+        decoded = model.beam_search(
+            b.src_fixed, b.src_sym, b.sym_mask, k=cfg.beam_size, max_len=max_tokens + 1, sym_names=b.sym_names
+        )
         out += [decode(f, s, ex.symbols, vocab) for ex, (f, s) in zip(chunk, decoded, strict=True)]
     return out
 
@@ -299,12 +320,12 @@ def evaluate(
     was_training = model.training
     model.eval()
     max_tokens = data.max_target_tokens(cfg)
-    predictions = predict(model, test, data.vocab, cfg, max_tokens, device)
+    predictions = predict(model, test, data.vocab, cfg, max_tokens, device, data.pool)
     outcomes = [data.check(ex.src, p, ex.tgt) for ex, p in zip(test, predictions, strict=True)]
     metrics = {"correct": correct_rate(outcomes), "exact": exact_rate(outcomes)}
     metrics |= {f"outcome/{o}": sum(x == o for x in outcomes) / len(outcomes) for o in OUTCOMES}
     alpha = alpha_covariance_by_count(
-        lambda xs: predict(model, xs, data.vocab, cfg, max_tokens, device), test, ALPHA_COUNTS,
+        lambda xs: predict(model, xs, data.vocab, cfg, max_tokens, device, data.pool), test, ALPHA_COUNTS,
         cfg.alpha_examples, cfg.max_renamings, seed=cfg.data_seed,
     )  # fmt: skip
     metrics |= {f"alpha_cov_{n}": alpha[n] for n in ALPHA_COUNTS}
@@ -337,7 +358,7 @@ def run(cfg: SymbolicConfig, session: Session, data: SymbolicData) -> None:
     clock = time.perf_counter()
     train_set, test_set = make_data(cfg, data)
     data_seconds = time.perf_counter() - clock
-    encoded: list[Encoded] = [encode(ex, data.vocab) for ex in train_set]
+    encoded: list[Encoded] = [encode(ex, data.vocab, data.pool) for ex in train_set]
     raw = build_for(cfg, data)  # checkpoints hold the unwrapped module's state (house style)
     resume = session.checkpoint
     if resume is not None:
@@ -368,7 +389,9 @@ def run(cfg: SymbolicConfig, session: Session, data: SymbolicData) -> None:
         # --- update
         for group in optimizer.param_groups:
             group["lr"] = get_lr(cfg, step)
-        fixed_logits, sym_logits = net(b.src_fixed, b.src_sym, b.tgt_fixed[:, :-1], b.tgt_sym[:, :-1], b.sym_mask)
+        fixed_logits, sym_logits = net(
+            b.src_fixed, b.src_sym, b.tgt_fixed[:, :-1], b.tgt_sym[:, :-1], b.sym_mask, None, b.sym_names
+        )
         loss = model.loss_from_logits(fixed_logits, sym_logits, b.tgt_fixed[:, 1:], b.tgt_sym[:, 1:])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

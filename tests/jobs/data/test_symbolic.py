@@ -40,10 +40,11 @@ def test_vocabularies_start_with_the_specials() -> None:
 def test_encode_splits_fixed_tokens_and_streams_by_sorted_name() -> None:
     ex = make_example(["&", "q", "!", "b"], ["q", "1", "b", "0"], PROP_VOCAB)
     assert ex.symbols == ["b", "q"]  # sorted names, not first appearance (q comes first)
-    src_fixed, src_sym, tgt_fixed, tgt_sym, n = encode(ex, PROP_VOCAB)
+    src_fixed, src_sym, tgt_fixed, tgt_sym, n, names = encode(ex, PROP_VOCAB)
     assert src_fixed.tolist() == [V["&"], PAD_ID, V["!"], PAD_ID] and src_sym.tolist() == [-1, 1, -1, 0]
     assert tgt_fixed.tolist() == [BOS_ID, PAD_ID, V["1"], PAD_ID, V["0"], EOS_ID]
-    assert tgt_sym.tolist() == [-1, 1, -1, 0, -1, -1] and n == 2
+    assert tgt_sym.tolist() == [-1, 1, -1, 0, -1, -1] and n == 2 and names.tolist() == [-1, -1]  # no pool
+    assert encode(ex, PROP_VOCAB, pool=("a", "b", "q"))[5].tolist() == [1, 2]  # stream k's name in the pool
     assert decode(tgt_fixed, tgt_sym, ex.symbols, PROP_VOCAB) == ["q", "1", "b", "0"]  # BOS skipped, EOS ends
 
 
@@ -70,6 +71,8 @@ def test_collate_pads_and_masks_streams() -> None:
     assert batch.sym_mask.dtype == torch.bool and batch.to("cpu").src_sym.equal(batch.src_sym)
     same = collate([encode(a, PROP_VOCAB), encode(b, PROP_VOCAB)])
     assert all(torch.equal(getattr(same, f), getattr(batch, f)) for f in ("src_fixed", "tgt_sym", "sym_mask"))
+    named = collate([a, b], PROP_VOCAB, pool=("c", "b", "a"))
+    assert named.sym_names.tolist() == [[2, -1, -1], [2, 1, 0]]  # padding streams -1
 
 
 def test_encoding_errors_name_the_problem() -> None:

@@ -52,7 +52,7 @@ def sequence_log_prob(model: SymbolInvariantTransformer, src: tuple[torch.Tensor
     return sum(float(logp[i, t]) for i, t in enumerate([*joint, EOS]))
 
 
-@pytest.mark.parametrize("embedding", ["invariant", "fixed", "random"])
+@pytest.mark.parametrize("embedding", ["invariant", "fixed_rank", "random"])
 def test_greedy_takes_the_forward_argmax_at_every_step(embedding: str) -> None:
     model = make_model(seed=0, embedding=embedding, vocab_size=8)
     src = random_source(seed=1, batch=5, vocab_size=8, symbols=3)

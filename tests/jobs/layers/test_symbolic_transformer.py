@@ -1,6 +1,7 @@
 """jobs/layers/symbolic_transformer.py: exact invariance to renaming (hypothesis, with more symbols than in
-training and names never seen), the fixed baseline's failure of it, what the random baseline promises, stream
-masks, every ablation flag, AdaCos against its formula, and a short fit of a toy task.
+training and names never seen) for both readings of aggregated attention, the fixed baselines' failure of it
+(name-indexed as in the paper, and rank-indexed), what the random baseline promises, stream masks, every
+ablation flag, AdaCos against its formula, and a short fit of a toy task.
 
 The formulas, their encoding and the collation are written here, independent of jobs/data/symbolic.py.
 """
@@ -25,6 +26,8 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
 from jobs.config import field_docs
+from jobs.layers.symbolic_attention import StreamAttention, aggregated_attention, fuse_streams
+from jobs.layers.symbolic_config import AGGREGATIONS
 from jobs.layers.symbolic_positions import tree_positions
 from jobs.layers.symbolic_transformer import (
     PAPER_ABLATIONS,
@@ -40,6 +43,7 @@ ARITIES = tuple(ARITY.get(t, 0) for t in VOCAB)
 ID = {t: i for i, t in enumerate(VOCAB)}
 BOS, EOS = 1, 2
 TRAIN_NAMES = ["a", "b", "c", "d", "e"]  # the only names the fitted models ever see, 1 to 3 per formula
+POOL = list(string.ascii_lowercase)  # the name-indexed baseline's names: row i is POOL[i]; others get -1
 
 
 # --- formulas, encoding, batches (the test's own)
@@ -75,6 +79,7 @@ class Batch:
     tgt_fixed: torch.Tensor
     tgt_sym: torch.Tensor
     sym_mask: torch.Tensor
+    sym_names: torch.Tensor
 
 
 def collate(examples: Sequence[tuple[list[str], list[str]]]) -> tuple[Batch, list[list[str]]]:
@@ -92,7 +97,10 @@ def collate(examples: Sequence[tuple[list[str], list[str]]]) -> tuple[Batch, lis
         return torch.tensor([r[i] + [value] * (width - len(r[i])) for r in rows], device=DEVICE)
 
     mask = torch.tensor([[k < len(s) for k in range(n)] for s in names], device=DEVICE)
-    return Batch(pad(0, S, 0), pad(1, S, -1), pad(2, T, 0), pad(3, T, -1), mask), names
+    ids = torch.tensor(
+        [[POOL.index(s[k]) if k < len(s) and s[k] in POOL else -1 for k in range(n)] for s in names], device=DEVICE
+    ).reshape(len(names), n)
+    return Batch(pad(0, S, 0), pad(1, S, -1), pad(2, T, 0), pad(3, T, -1), mask, ids), names
 
 
 def to_names(decoded: tuple[list[int], list[int]], names: Sequence[str]) -> list[str]:
@@ -118,7 +126,7 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def logits(model: SymbolInvariantTransformer, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
-        return model(b.src_fixed, b.src_sym, b.tgt_fixed[:, :-1], b.tgt_sym[:, :-1], b.sym_mask)
+        return model(b.src_fixed, b.src_sym, b.tgt_fixed[:, :-1], b.tgt_sym[:, :-1], b.sym_mask, None, b.sym_names)
 
 
 # --- the toy task: output the formula's first leaf (a symbol, or a constant: both parts of the output space)
@@ -135,7 +143,7 @@ def toy_set(seed: int, count: int, names: Sequence[str], symbols: tuple[int, int
 def accuracy(model: SymbolInvariantTransformer, examples: Sequence[tuple[list[str], list[str]]]) -> float:
     batch, names = collate(examples)
     model.eval()
-    out = model.greedy(batch.src_fixed, batch.src_sym, batch.sym_mask, max_len=4)
+    out = model.greedy(batch.src_fixed, batch.src_sym, batch.sym_mask, max_len=4, sym_names=batch.sym_names)
     return sum(to_names(o, n) == tgt for o, n, (_, tgt) in zip(out, names, examples, strict=True)) / len(examples)
 
 
@@ -148,7 +156,7 @@ class Fit:
 
 
 def fit(embedding: str, steps: int = 160) -> Fit:
-    model = make_model(seed=1, embedding=embedding, max_symbols=12, enc_layers=1, dec_layers=1)  # tree positions
+    model = make_model(seed=1, embedding=embedding, max_symbols=26, enc_layers=1, dec_layers=1)  # tree positions
     data = toy_set(seed=2, count=steps * 32, names=TRAIN_NAMES, symbols=(1, 3))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses, scales, start = [], [], time.perf_counter()
@@ -166,7 +174,7 @@ def fit(embedding: str, steps: int = 160) -> Fit:
 
 @pytest.fixture(scope="module")
 def fitted() -> dict[str, Fit]:
-    return {"invariant": fit("invariant"), "fixed": fit("fixed")}
+    return {"invariant": fit("invariant"), "fixed": fit("fixed")}  # fixed: indexed by name, as the paper's
 
 
 def test_the_toy_task_is_learned_with_cosine_adacos_loss(fitted: dict[str, Fit]) -> None:
@@ -221,7 +229,7 @@ def assert_renaming_commutes(model: SymbolInvariantTransformer, data: st.DataObj
         (out,), (out_r,) = (
             decode(batch.src_fixed, batch.src_sym, batch.sym_mask),
             decode(batch_r.src_fixed, batch_r.src_sym, batch_r.sym_mask),
-        )
+        )  # invariant model: no names needed
         pred, pred_r = to_names(out, order), to_names(out_r, order_r)
         assert pred_r == [rename.get(t, t) for t in pred], f"{src} -> {pred}, renamed -> {pred_r}"
 
@@ -232,12 +240,33 @@ def test_renaming_commutes_with_the_trained_model(fitted: dict[str, Fit], data: 
     assert_renaming_commutes(fitted["invariant"].model, data, max_symbols=9)  # trained with <= 3
 
 
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("ablation", PAPER_ABLATIONS)
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=5, deadline=None)
 @given(data=st.data())
-def test_renaming_commutes_for_every_ablation(ablation: str, data: st.DataObject) -> None:
-    model = make_model(**parse_ablation(ablation), max_len=12).eval()
+def test_renaming_commutes_for_every_ablation(ablation: str, aggregation: str, data: st.DataObject) -> None:
+    model = make_model(**parse_ablation(ablation), aggregation=aggregation, max_len=12).eval()
     assert_renaming_commutes(model, data, max_symbols=6)
+
+
+def test_fused_aggregation_is_self_attention_on_the_fused_view() -> None:
+    """aggregation="fused" (the seed): the stream mean with each symbol position restored from its own stream
+    is the query, key and value, and the one output is the same for every stream; "queries" keeps the
+    streams' own queries."""
+    torch.manual_seed(0)
+    attn = StreamAttention(8, 2).eval()
+    x = torch.randn(1, 3, 5, 8)  # 3 streams, 5 positions
+    sym = torch.tensor([[0, -1, 2, -1, 1]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    mean = x.mean(dim=1)
+    view = torch.stack([x[0, 0, 0], mean[0, 1], x[0, 2, 2], mean[0, 3], x[0, 1, 4]])[None, None]  # [1, 1, 5, 8]
+    assert torch.allclose(fuse_streams(x, sym, mask), view, atol=1e-6)
+    with torch.no_grad():
+        fused = aggregated_attention(attn, x, sym, mask, None, "fused")
+        queries = aggregated_attention(attn, x, sym, mask, None, "queries")
+        assert fused.shape == (1, 1, 5, 8) and torch.allclose(fused, attn(view, view, None), atol=1e-6)
+        assert queries.shape == (1, 3, 5, 8) and torch.allclose(queries, attn(x, view, None), atol=1e-6)
+        assert (queries[0, 0] - queries[0, 1]).abs().max() > 1e-3  # per-stream queries: per-stream outputs
 
 
 def test_aggregated_cross_attention_cannot_tell_streams_apart() -> None:
@@ -249,18 +278,21 @@ def test_aggregated_cross_attention_cannot_tell_streams_apart() -> None:
     assert first["per_stream"].unique().numel() == 3, first["per_stream"]
 
 
-def find_renaming_counterexample(model: SymbolInvariantTransformer) -> tuple[list[str], list[str], list[str]] | None:
+def find_renaming_counterexample(
+    model: SymbolInvariantTransformer, target: str = "zyxwvu"
+) -> tuple[list[str], list[str], list[str]] | None:
     """The first (formula, prediction, renamed prediction) of a fixed list of 4-6 symbol formulas where renaming
-    a..f to z..u (the stream order reversed) does not rename the greedy prediction."""
-    rename = dict(zip("abcdef", "zyxwvu", strict=True))
+    a..f to `target` (default z..u: names never trained, the stream order reversed) does not rename the greedy
+    prediction."""
+    rename = dict(zip("abcdef", target, strict=True))
     for src, _ in toy_set(seed=5, count=100, names=list("abcdef"), symbols=(4, 6)):
         (batch, (order,)), (batch_r, (order_r,)) = (
             collate([(src, [])]),
             collate([([rename.get(t, t) for t in src], [])]),
         )
         (out,), (out_r,) = (
-            model.greedy(batch.src_fixed, batch.src_sym, batch.sym_mask, max_len=4),
-            model.greedy(batch_r.src_fixed, batch_r.src_sym, batch_r.sym_mask, max_len=4),
+            model.greedy(batch.src_fixed, batch.src_sym, batch.sym_mask, max_len=4, sym_names=batch.sym_names),
+            model.greedy(batch_r.src_fixed, batch_r.src_sym, batch_r.sym_mask, max_len=4, sym_names=batch_r.sym_names),
         )
         pred, pred_r = to_names(out, order), to_names(out_r, order_r)
         if pred_r != [rename.get(t, t) for t in pred]:
@@ -277,6 +309,27 @@ def test_fixed_embedding_baseline_is_not_invariant(fitted: dict[str, Fit]) -> No
     print("fixed baseline counterexample:", found)
     # and the same search finds none for the invariant model
     assert find_renaming_counterexample(fitted["invariant"].model) is None
+
+
+def test_name_indexed_baseline_sees_renamings_the_rank_indexed_one_cannot() -> None:
+    """The paper's baseline looks a symbol up by its name; the rank-indexed one by its rank among the example's
+    names, so a renaming that keeps the order (a b c -> p q r) changes nothing for it, exactly."""
+    src, tgt = random_formula(random.Random(3), ["a", "b", "c"], 2), ["c", "1"]
+    kept = {"a": "p", "b": "q", "c": "r"}
+    batch, _ = collate([(src, tgt)])
+    batch_r, _ = collate([([kept.get(t, t) for t in src], [kept.get(t, t) for t in tgt])])
+    for embedding, same in (("fixed_rank", True), ("fixed", False)):
+        model = make_model(embedding=embedding).eval()
+        (fx, sy), (fx_r, sy_r) = logits(model, batch), logits(model, batch_r)
+        diff = max(max_diff(fx, fx_r), max_diff(sy, sy_r))
+        assert (diff == 0) == same, f"{embedding}: order-keeping renaming moved the logits by {diff:.3g}"
+    with pytest.raises(ValueError, match="sym_names: the fixed baseline indexes its table by the symbol's name"):
+        model.encode(batch.src_fixed, batch.src_sym, batch.sym_mask)
+    unknown, _ = collate([(["&", "a", "qq"], ["a", "1"])])
+    with pytest.raises(
+        ValueError, match=r"sym_names: the fixed baseline has 26 name vectors .* got name ids \[-1, 0\]"
+    ):
+        logits(make_model(embedding="fixed"), unknown)
 
 
 def test_random_baseline_promises() -> None:
@@ -300,7 +353,7 @@ def test_random_baseline_promises() -> None:
 
 
 def test_fixed_baseline_refuses_more_symbols_than_its_table() -> None:
-    model = make_model(embedding="fixed", max_symbols=3).eval()
+    model = make_model(embedding="fixed_rank", max_symbols=3).eval()
     batch, _ = collate([(random_formula(random.Random(0), ["a", "b", "c", "d"], 0), ["a"])])
     with pytest.raises(ValueError, match="max_symbols: the fixed baseline has 3 symbol vectors, the batch has 4"):
         logits(model, batch)
@@ -308,10 +361,13 @@ def test_fixed_baseline_refuses_more_symbols_than_its_table() -> None:
 
 # --- masks: padding streams and padding positions change nothing for the real ones
 @pytest.mark.parametrize(
-    "embedding,ablation", [("invariant", a) for a in PAPER_ABLATIONS] + [("fixed", "full"), ("random", "full")]
+    "embedding,ablation,aggregation",
+    [("invariant", a, "queries") for a in PAPER_ABLATIONS]
+    + [("invariant", a, "fused") for a in ("full", "-CP+CA")]
+    + [(e, "full", "queries") for e in ("fixed", "fixed_rank", "random")],
 )
-def test_padding_streams_do_not_change_real_streams(embedding: str, ablation: str) -> None:
-    model = make_model(embedding=embedding, **parse_ablation(ablation)).eval()
+def test_padding_streams_do_not_change_real_streams(embedding: str, ablation: str, aggregation: str) -> None:
+    model = make_model(embedding=embedding, **parse_ablation(ablation), aggregation=aggregation).eval()
     small = (["&", "a", "!", "b"], ["b", "1", "a"])
     big = (random_formula(random.Random(1), ["a", "b", "c", "d", "e", "f"], 5), ["f", "0", "e", "d", "c", "1"])
     alone, _ = collate([small])
@@ -323,8 +379,8 @@ def test_padding_streams_do_not_change_real_streams(embedding: str, ablation: st
     assert diff <= 1e-5, f"batching with a 6-symbol example moved the logits by {diff:.3g}"
     assert bool((sy2[0, :, 2:] == float("-inf")).all()), "streams the example lacks must have no logit"
     for decode in (model.greedy, model.beam_search):
-        assert decode(both.src_fixed, both.src_sym, both.sym_mask, max_len=6)[:1] == decode(
-            alone.src_fixed, alone.src_sym, alone.sym_mask, max_len=6
+        assert decode(both.src_fixed, both.src_sym, both.sym_mask, max_len=6, sym_names=both.sym_names)[:1] == decode(
+            alone.src_fixed, alone.src_sym, alone.sym_mask, max_len=6, sym_names=alone.sym_names
         )
 
 
@@ -361,7 +417,7 @@ def test_precomputed_positions_checkpoint_and_ddp_style_loss_agree() -> None:
 
 
 # --- ablation flags
-FLAGS = [("ep", False), ("ea", False), ("dp", False), ("da", False), ("cross", "aggregated")]
+FLAGS = [("ep", False), ("ea", False), ("dp", False), ("da", False), ("cross", "aggregated"), ("aggregation", "fused")]
 
 
 @pytest.mark.parametrize("flag,value", FLAGS)
@@ -370,7 +426,7 @@ def test_each_ablation_flag_changes_the_computation(flag: str, value: object) ->
     ablated = make_model(seed=99, **{flag: value}).eval()
     missing, unexpected = ablated.load_state_dict(full.state_dict(), strict=False)
     assert not missing, f"the ablated model has weights the full one lacks: {missing}"
-    assert bool(unexpected) == (flag != "cross"), unexpected  # the disabled attention's weights only
+    assert bool(unexpected) == (flag not in ("cross", "aggregation")), unexpected  # a disabled attention's only
     batch, _ = collate(toy_set(seed=7, count=4, names=TRAIN_NAMES, symbols=(2, 3)))
     (fx, sy), (fx2, sy2) = logits(full, batch), logits(ablated, batch)
     diff = max(max_diff(fx, fx2), max_diff(sy, sy2))
@@ -378,10 +434,12 @@ def test_each_ablation_flag_changes_the_computation(flag: str, value: object) ->
 
 
 @pytest.mark.parametrize(
-    "embedding,ablation", [("invariant", a) for a in PAPER_ABLATIONS] + [("fixed", "full"), ("random", "full")]
+    "embedding,ablation,aggregation",
+    [("invariant", a, g) for a in PAPER_ABLATIONS for g in AGGREGATIONS]
+    + [(e, "full", "queries") for e in ("fixed", "fixed_rank", "random")],
 )
-def test_every_grid_configuration_trains(embedding: str, ablation: str) -> None:
-    model = make_model(embedding=embedding, **parse_ablation(ablation)).train()
+def test_every_grid_configuration_trains(embedding: str, ablation: str, aggregation: str) -> None:
+    model = make_model(embedding=embedding, **parse_ablation(ablation), aggregation=aggregation).train()
     batch, _ = collate(toy_set(seed=8, count=6, names=TRAIN_NAMES, symbols=(1, 4)))
     loss = model.loss(batch)
     loss.backward()
@@ -480,6 +538,7 @@ def test_parse_ablation_errors_say_how_to_fix(name: str, message: str) -> None:
     [
         (dict(d_model=30, heads=4), "d_model: must be divisible by heads"),
         (dict(cross="both"), "cross: must be one of 'per_stream', 'aggregated'"),
+        (dict(aggregation="mean"), "aggregation: must be one of 'queries', 'fused'"),
         (dict(embedding="learned"), "embedding: must be one of"),
         (dict(vocab_size=10, arities=(0, 1)), "arities: must hold one integer >= 0 per fixed token"),
         (dict(vocab_size=10, eos_id=10), "eos_id: must be a fixed-token id < vocab_size"),

@@ -76,7 +76,10 @@ def test_every_field_has_a_default_and_a_docstring() -> None:
 @pytest.mark.parametrize(
     "params,message",
     [
-        ({"variant": "-XY"}, r"^variant: ablation: cannot read '-XY'.*; or a baseline: fixed, random"),
+        (
+            {"variant": "-XY"},
+            r"^variant: ablation: cannot read '-XY'.*/fused.*; or a baseline: fixed, fixed_rank, random",
+        ),
         ({"variant": "-CP"}, r"^variant: ablation: '-CP' leaves cross attention out"),
         ({"eval_every": 2000}, r"^eval_every: must be <= steps \(800\), got 2000"),
         ({"warmup_steps": 800}, r"^warmup_steps: must be < steps \(800\)"),
@@ -238,8 +241,8 @@ def test_summarize_rejects_rows_it_cannot_read() -> None:
 
 @pytest.mark.parametrize(
     "path,task,trials",
-    [("sweeps/symbolic_prop.yaml", "symbolic.prop", 24), ("sweeps/gpu/symbolic_prop.yaml", "symbolic.prop", 24),
-     ("sweeps/gpu/symbolic_ltl.yaml", "symbolic.ltl", 24)],
+    [("sweeps/symbolic_prop.yaml", "symbolic.prop", 42), ("sweeps/gpu/symbolic_prop.yaml", "symbolic.prop", 42),
+     ("sweeps/gpu/symbolic_ltl.yaml", "symbolic.ltl", 42)],
 )  # fmt: skip
 def test_sweep_files_validate(path: str, task: str, trials: int) -> None:
     spec_module = pytest.importorskip("service.spec")
