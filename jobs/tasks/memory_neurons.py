@@ -46,6 +46,7 @@ from typing import Annotated, Any, Literal
 import annotated_types as at
 import torch
 
+from jobs import lm_loop
 from jobs.config import check_fields, check_lm_schedule
 from jobs.data import facts as synthetic
 from jobs.data.paths import DataPath
@@ -246,14 +247,14 @@ def train_fact_lm(
     torch.manual_seed(cfg.seed)
     lm = lm_config(cfg)
     model = build_model(cfg).to(device)
-    optimizer = tversky_lm.configure_optimizer(lm, model)
+    optimizer = lm_loop.configure_optimizer(lm, model)
     sentences = world.sentences().to(device)  # (S, T + 1)
     g = torch.Generator().manual_seed(cfg.seed)
     model.train()
     for step in range(1, cfg.lm_steps + 1):
         # --- update
         for group in optimizer.param_groups:
-            group["lr"] = tversky_lm.get_lr(lm, step)
+            group["lr"] = lm_loop.get_lr(lm, step)
         batch = sentences[torch.randint(len(sentences), (cfg.batch_size,), generator=g).to(device)]
         _, loss = model(batch[:, :-1], batch[:, 1:].contiguous())
         optimizer.zero_grad(set_to_none=True)

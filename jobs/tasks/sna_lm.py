@@ -19,24 +19,19 @@ Run alone: `python -m jobs run sna.lm --set attention=separable --set rank=16 --
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import dataclasses
 import math
-import time
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 import annotated_types as at
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from jobs.config import check_fields, check_lm_schedule
-from jobs.data.text import SPLITS, eval_windows, get_batch, load_pydoc
+from jobs.data.text import SPLITS, load_pydoc
 from jobs.layers.gpt import GPT, GPTConfig
 from jobs.layers.separable_attention import Kernel, KernelCausalSelfAttention
+from jobs.lm_loop import check_world, train_lm
 from jobs.registry import Task
 from jobs.runtime import Session
 
@@ -144,109 +139,22 @@ def example_input(cfg: SnaLmConfig) -> torch.Tensor:
     return torch.arange(8, dtype=torch.long).remainder(len(ALPHABET))[None, :]  # [1, 8] character ids
 
 
-def get_lr(cfg: SnaLmConfig, step: int) -> float:
-    """nanoGPT's schedule for step 1..max_steps: linear warmup, then cosine down to min_lr_ratio * lr."""
-    it = step - 1
-    if it < cfg.warmup_steps:
-        return cfg.lr * (it + 1) / (cfg.warmup_steps + 1)
-    ratio = (it - cfg.warmup_steps) / max(1, cfg.max_steps - 1 - cfg.warmup_steps)  # 0 -> 1
-    return cfg.lr * (cfg.min_lr_ratio + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (1 - cfg.min_lr_ratio))
-
-
-def configure_optimizer(cfg: SnaLmConfig, model: nn.Module) -> torch.optim.AdamW:
-    params = [p for p in model.parameters() if p.requires_grad]  # tied embeddings count once
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.beta2))
-
-
 def train(cfg: SnaLmConfig, session: Session) -> None:
-    # --- setup
+    # --- setup: the loop itself is jobs/lm_loop.py, shared with tversky.lm
     torch.manual_seed(cfg.seed)
-    device, rank, world = session.device, session.world_rank, session.world_size
-    if cfg.batch_size % world != 0:
-        raise ValueError(f"batch_size: must be a multiple of the {world} workers, got {cfg.batch_size}")
+    check_world(cfg, session)
     data = load_chars()
-    resume = session.checkpoint
-    raw_model = build_model(cfg)  # checkpoints hold the unwrapped module's state (house style)
-    if resume is not None:
-        raw_model.load_state_dict(resume["model"])
-    model = session.prepare_model(raw_model)  # DDP under Ray Train
-    optimizer = configure_optimizer(cfg, raw_model)
-    start = 0
-    if resume is not None:
-        optimizer.load_state_dict(resume["optimizer"])
-        start = int(resume["step"])
-    # bf16 autocast on GPUs (the separable prefix sums run in float32 inside the layer); fp32 on CPU
-    autocast = (
-        torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
-    )
-    val = eval_windows(data["valid"], cfg.block_size, cfg.eval_batches * cfg.batch_size)[rank::world]  # [W/ws, T+1]
+    raw_model = build_model(cfg)
     params_total = raw_model.num_params()
 
-    def evaluate() -> float:
-        """Mean next-character cross-entropy (nats) over the fixed validation windows (all ranks together)."""
-        model.eval()
-        total = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of losses, characters]
-        with torch.no_grad():
-            for chunk in val.split(cfg.batch_size // world):
-                chunk = chunk.to(device)
-                with autocast:
-                    logits = raw_model(chunk[:, :-1])  # no DDP forward: no gradient sync to keep in step
-                loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
-                total[0] += loss.double()
-                total[1] += chunk[:, 1:].numel()
-        if world > 1:
-            dist.all_reduce(total)
-        model.train()
-        return (total[0] / total[1]).item()
+    def on_report(metrics: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **metrics,
+            "val/bpc": metrics["val/loss"] / math.log(2),  # nats per character -> bits per character
+            "params/total": params_total,
+        }
 
-    train_losses: list[float] = []
-    tokens, clock = 0, time.perf_counter()
-    model.train()
-    for step in range(start + 1, cfg.max_steps + 1):
-        # --- batch: fixed by (seed, step), so a resumed run sees the same windows; each rank keeps every
-        # world-th row of the global batch
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        x, y = get_batch(data["train"], cfg.batch_size, cfg.block_size, gen)
-        x, y = x[rank::world].to(device), y[rank::world].to(device)  # [B/ws, T]
-
-        # --- update
-        for group in optimizer.param_groups:
-            group["lr"] = get_lr(cfg, step)
-        with autocast:
-            _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        train_losses.append(loss.item())
-        tokens += cfg.batch_size * cfg.block_size
-
-        # --- log
-        if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            tokens_per_s = tokens / (time.perf_counter() - clock)  # training only: measured before the eval
-            val_loss = evaluate()
-            metrics = {
-                "val/loss": val_loss,
-                "val/bpc": val_loss / math.log(2),  # nats per character -> bits per character
-                "train/loss": sum(train_losses) / len(train_losses),  # mean since the last report
-                "step": step,
-                "params/total": params_total,
-                "tokens_per_s": tokens_per_s,
-            }
-            state = {
-                "model": {k: v.detach().clone() for k, v in raw_model.state_dict().items()},
-                "optimizer": copy.deepcopy(optimizer.state_dict()),  # a copy: later steps must not mutate it
-                "step": step,
-                "config": dataclasses.asdict(cfg),
-                "alphabet": ALPHABET,
-            }
-            session.report(metrics, checkpoint=state)
-            train_losses, tokens, clock = [], 0, time.perf_counter()
+    train_lm(cfg, session, raw_model, data["train"], data["valid"], on_report, {"alphabet": ALPHABET})
 
 
 TASK = Task(
