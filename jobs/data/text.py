@@ -17,11 +17,21 @@ word_language_model. The vocabulary is built on the train split only: `<unk>`, `
   per paragraph, and split by paragraph index: every 20th paragraph (from the 19th) is valid, the one after
   it test, the rest train (about 90 / 5 / 5).
 
+Tokenisers: `load_text` splits into words (the vocabulary above); `load_bpe_text` into byte-level BPE tokens
+(Hugging Face `tokenizers`, GPT-2's scheme): each sentence is encoded as " " + its words joined by spaces (so
+every word, the first too, is a "Ġword" token as in running GPT-2 text) and followed by `<|endoftext|>`, the
+BPE stream's `<eos>`. The BPE vocabulary is GPT-2's own when `bpe_files` names a local folder holding its
+files (tokenizer.json, or vocab.json + merges.txt: 50257 tokens), else one trained on the train split only
+(`vocab_size` tokens at most: 256 bytes, `<|endoftext|>` and merges) and cached as JSON in `cache_dir`, keyed by
+the corpus text, the size and the `tokenizers` version, so the trials of a sweep train it once per node.
+
 `get_batch` samples (x, y) windows of `block_size` tokens; `eval_windows` cuts a split into fixed windows.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import socket
 import tempfile
@@ -29,16 +39,21 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 from urllib.parse import urlparse
 
 import torch
 
 from jobs.data.errors import DataError, DatasetNotFoundError
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
 Corpus = Literal["ptb", "pydoc"]
 CORPORA: tuple[str, ...] = get_args(Corpus)
+TokenizerKind = Literal["word", "bpe"]
 UNK, EOS = "<unk>", "<eos>"
+BPE_EOS = "<|endoftext|>"  # GPT-2's end-of-text token, id 50256 in its vocabulary
 SPLITS = ("train", "valid", "test")
 PTB_HUB_ID = "ptb_text_only"
 PTB_FILES = {"train": "ptb.train.txt", "valid": "ptb.valid.txt", "test": "ptb.test.txt"}
@@ -54,29 +69,65 @@ class HubUnreachableError(DataError, ConnectionError):
 @dataclass(frozen=True)
 class TextCorpus:
     vocab: list[str]
-    """Id -> word; ids 0 and 1 are <unk> and <eos>."""
+    """Id -> word; ids 0 and 1 are <unk> and <eos> (BPE: id -> token string, GPT-2's "Ġ" marking a space)."""
     train: torch.Tensor
     """[N] int64 token ids of the train split, sentences joined with <eos>."""
     valid: torch.Tensor
     """[N] int64, the validation split."""
     test: torch.Tensor
     """[N] int64, the test split."""
+    tokenizer_json: str | None = None
+    """BPE only: the tokenizer as `tokenizers` serialises it (a checkpoint keeps it: a resumed trial reuses it)."""
 
 
 def load_text(
     corpus: str, vocab_size: int, data_files: str | Path | None = None, vocab: list[str] | None = None
 ) -> TextCorpus:
     """Load, tokenise and encode a corpus; `vocab` (e.g. from a checkpoint) replaces the one built on train."""
-    if corpus == "ptb":
-        sentences = load_ptb(data_files)
-    elif corpus == "pydoc":
-        if data_files is not None:
-            raise ValueError(f"data_files: only the ptb corpus reads files, got corpus={corpus!r}")
-        sentences = load_pydoc()
-    else:
-        raise ValueError(f"unknown corpus {corpus!r}; known: {', '.join(CORPORA)}")
+    sentences = load_sentences(corpus, data_files)
     vocab = vocab if vocab is not None else build_vocab(sentences["train"], vocab_size)
     return TextCorpus(vocab, *(encode(sentences[split], vocab) for split in SPLITS))
+
+
+def load_bpe_text(
+    corpus: str,
+    vocab_size: int,
+    data_files: str | Path | None = None,
+    bpe_files: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    tokenizer_json: str | None = None,
+) -> TextCorpus:
+    """Load a corpus and encode it with byte-level BPE: GPT-2's files in `bpe_files`, the serialised tokenizer
+    `tokenizer_json` (a checkpoint's), or one trained on the train split (cached in `cache_dir`, if given).
+    The tokenizer's ids must fit a model of `vocab_size` tokens (a trained one has at most that many)."""
+    from tokenizers import Tokenizer  # imported here: only BPE runs need it
+
+    sentences = load_sentences(corpus, data_files)
+    if tokenizer_json is not None:
+        tok = Tokenizer.from_str(tokenizer_json)
+    elif bpe_files is not None:
+        tok = load_bpe_files(bpe_files)
+    else:
+        tok = cached_bpe(bpe_lines(sentences["train"]), vocab_size, cache_dir)
+    if tok.get_vocab_size() > vocab_size:
+        raise ValueError(
+            f"vocab_size: the BPE tokenizer has {tok.get_vocab_size()} tokens, more than the model's {vocab_size}; "
+            f"set vocab_size to {tok.get_vocab_size()} (GPT-2's files: 50257)"
+        )
+    vocab = [tok.id_to_token(i) or "" for i in range(tok.get_vocab_size())]
+    encoded = (bpe_encode(tok, sentences[split]) for split in SPLITS)
+    return TextCorpus(vocab, *encoded, tokenizer_json=tok.to_str())
+
+
+def load_sentences(corpus: str, data_files: str | Path | None = None) -> dict[str, list[list[str]]]:
+    """split -> sentences (lists of words) of a corpus."""
+    if corpus == "ptb":
+        return load_ptb(data_files)
+    if corpus == "pydoc":
+        if data_files is not None:
+            raise ValueError(f"data_files: only the ptb corpus reads files, got corpus={corpus!r}")
+        return load_pydoc()
+    raise ValueError(f"unknown corpus {corpus!r}; known: {', '.join(CORPORA)}")
 
 
 # --- corpora: split -> sentences, each a list of words
@@ -177,6 +228,85 @@ def encode(sentences: list[list[str]], vocab: list[str]) -> torch.Tensor:
 
 def decode(ids: Iterable[int], vocab: list[str]) -> str:
     return " ".join(vocab[i] for i in ids)
+
+
+# --- byte-level BPE (Hugging Face tokenizers)
+
+
+def bpe_lines(sentences: list[list[str]]) -> list[str]:
+    """The text BPE sees: one line per sentence, " " + its words, so every word is a "Ġword" token."""
+    return [" " + " ".join(words) for words in sentences]
+
+
+def train_bpe(lines: list[str], vocab_size: int) -> Tokenizer:
+    """GPT-2's byte-level BPE trained on `lines`: all 256 bytes, <|endoftext|>, then merges up to vocab_size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 258:
+        raise ValueError(
+            f"vocab_size: byte-level BPE needs >= 258 (256 bytes, <|endoftext|>, a merge), got {vocab_size}"
+        )
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # the lines carry their own space
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BPE_EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte: no text is out of vocabulary
+        show_progress=False,
+    )
+    tok.train_from_iterator(lines, trainer=trainer)
+    return tok
+
+
+def cached_bpe(lines: list[str], vocab_size: int, cache_dir: str | Path | None) -> Tokenizer:
+    """train_bpe, through a JSON file in cache_dir named by a hash of the text, the size and the library version."""
+    import tokenizers
+    from tokenizers import Tokenizer
+
+    if cache_dir is None:
+        return train_bpe(lines, vocab_size)
+    digest = hashlib.sha256(f"{tokenizers.__version__}\n{vocab_size}\n".encode())
+    for line in lines:
+        digest.update(line.encode() + b"\n")
+    path = Path(cache_dir).expanduser() / f"bpe-{vocab_size}-{digest.hexdigest()[:16]}.json"
+    if path.is_file():
+        return Tokenizer.from_file(str(path))
+    tok = train_bpe(lines, vocab_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # trials on one node may train at once: the last rename wins
+    tok.save(str(tmp))
+    os.replace(tmp, path)
+    return tok
+
+
+def load_bpe_files(folder: str | Path) -> Tokenizer:
+    """GPT-2's tokenizer from a local folder: tokenizer.json (as the Hub's gpt2 repo has it), or vocab.json and
+    merges.txt (its original files), read as byte-level BPE."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    folder = Path(folder).expanduser()
+    if (folder / "tokenizer.json").is_file():
+        return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    missing = [name for name in ("vocab.json", "merges.txt") if not (folder / name).is_file()]
+    if missing:
+        raise DatasetNotFoundError(
+            f"bpe_files: {folder} lacks {', '.join(missing)}; it must hold tokenizer.json, or vocab.json and "
+            "merges.txt (GPT-2's files); unset bpe_files to train a BPE vocabulary on the train split"
+        )
+    tok = Tokenizer(models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt")))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def bpe_encode(tok: Tokenizer, sentences: list[list[str]]) -> torch.Tensor:
+    """Sentences -> [N] int64 BPE ids, each sentence followed by <|endoftext|>."""
+    eos = tok.token_to_id(BPE_EOS)
+    if eos is None:
+        raise DataError(f"the BPE vocabulary has no {BPE_EOS} token (GPT-2's has it, id 50256)")
+    ids = [i for enc in tok.encode_batch(bpe_lines(sentences)) for i in (*enc.ids, eos)]
+    return torch.tensor(ids, dtype=torch.long)
 
 
 # --- batches

@@ -12,8 +12,10 @@ then cosine decay to `min_lr_ratio * lr`, gradient clipping, random windows of `
 Corpora (jobs/data/text.py): `pydoc` (the default: ~66k words of the Python docs, shipped with Python, so it
 runs offline) or `ptb` (Hugging Face `ptb_text_only`, or local ptb.*.txt files via `data_files`).
 
-Tokens are words (`vocab_size` most frequent). A byte-level BPE option (GPT-2's 50257 tokens) needs Hugging
-Face `tokenizers`, which this environment does not install, so the GPT-2 sweeps run word-level PTB.
+Tokens (`tokenizer`): words (`vocab_size` most frequent), or byte-level BPE as GPT-2 tokenises (Hugging Face
+`tokenizers`): GPT-2's own 50257-token vocabulary when its files are in a local folder (`bpe_files`), else a
+vocabulary of `vocab_size` tokens trained offline on the train split and cached (`bpe_cache`). Perplexity is
+per token of the tokenizer used, so only runs of one tokenizer compare. The training loop is jobs/lm_loop.py.
 
 Parameter counts (`params/*` metrics, `jobs.layers.gpt.GPT.param_counts`) follow the paper's accounting: every
 unique parameter once (tied embeddings/prototypes and the shared bank count once, `wpe` counts), as Hugging
@@ -34,28 +36,24 @@ Run alone: `python -m jobs run tversky.lm --set lm_head=tversky --set max_steps=
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import dataclasses
-import io
 import math
-import time
+import statistics
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import annotated_types as at
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
 from jobs.config import check_fields, check_lm_schedule
 from jobs.data.paths import DataPath
-from jobs.data.text import Corpus, eval_windows, get_batch, load_text
+from jobs.data.text import Corpus, TokenizerKind, load_bpe_text, load_text
 from jobs.layers.gpt import GPT, GPT2_N_POSITIONS, GPT2_VOCAB_SIZE, GPTConfig, Projection, count_params
 from jobs.layers.tversky import Difference, Intersection, Semantics, SimilarityModel
+from jobs.lm_loop import check_world, train_lm
 from jobs.registry import Task
 from jobs.runtime import Session
-from jobs.tasks.memory_capacity import TableRows
+from jobs.tables import TableRows, check_rows, csv_bytes, group_rows, markdown_table
 
 
 @dataclass(frozen=True)
@@ -64,8 +62,18 @@ class LmConfig:
     """pydoc: the Python docs' English text (offline); ptb: Penn Treebank from the Hub or data_files."""
     data_files: DataPath | None = None
     """ptb only: a folder holding ptb.train.txt, ptb.valid.txt, ptb.test.txt (no network needed)."""
+    tokenizer: TokenizerKind = "word"
+    """word: words, the vocab_size - 2 most frequent; bpe: byte-level BPE (GPT-2's scheme, Hugging Face
+    `tokenizers`): GPT-2's own vocabulary from bpe_files, else one of vocab_size tokens trained on the train split."""
     vocab_size: Annotated[int, at.Ge(3)] = 2000
-    """Model vocabulary: <unk>, <eos> and the vocab_size - 2 most frequent train words (PTB: 10000)."""
+    """Model vocabulary. word: <unk>, <eos> and the vocab_size - 2 most frequent train words (PTB: 10000); bpe:
+    the trained BPE's size (at most; >= 258), or 50257 with GPT-2's files."""
+    bpe_files: DataPath | None = None
+    """bpe only: a local folder with GPT-2's tokenizer.json, or vocab.json + merges.txt (then vocab_size: 50257).
+    None: train a BPE vocabulary on the train split (offline)."""
+    bpe_cache: DataPath | None = "~/.cache/layerlab/bpe"
+    """bpe only: folder that keeps trained BPE vocabularies (JSON, keyed by corpus, size, library version), so a
+    sweep trains one per node; None: train in every trial."""
     lm_head: Projection = "tversky"
     """linear: GPT-2's head; tversky: Tversky similarity of the last hidden state to one prototype per token."""
     attn_proj: Projection = "linear"
@@ -129,6 +137,11 @@ class LmConfig:
         check_lm_schedule(self)
         if self.data_files is not None and self.corpus != "ptb":
             raise ValueError(f"data_files: only the ptb corpus reads files, got corpus={self.corpus!r}")
+        if self.bpe_files is not None and self.tokenizer != "bpe":
+            raise ValueError(f"bpe_files: only tokenizer=bpe reads them, got tokenizer={self.tokenizer!r}")
+        if self.tokenizer == "bpe" and self.vocab_size < 258:
+            raise ValueError(f"vocab_size: byte-level BPE needs >= 258 (256 bytes, <|endoftext|>, a merge), "
+                             f"got {self.vocab_size}")  # fmt: skip
 
 
 METRICS = {"val/perplexity": "min", "val/loss": "min", "train/loss": "min"}
@@ -176,119 +189,44 @@ def example_input(cfg: LmConfig) -> torch.Tensor:
     return torch.arange(8, dtype=torch.long).remainder(cfg.vocab_size)[None, :]  # [1, 8] token ids
 
 
-def get_lr(cfg: LmConfig, step: int) -> float:
-    """nanoGPT's schedule for step 1..max_steps: linear warmup, then cosine down to min_lr_ratio * lr."""
-    it = step - 1
-    if it < cfg.warmup_steps:
-        return cfg.lr * (it + 1) / (cfg.warmup_steps + 1)
-    ratio = (it - cfg.warmup_steps) / max(1, cfg.max_steps - 1 - cfg.warmup_steps)  # 0 -> 1
-    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0
-    return cfg.lr * (cfg.min_lr_ratio + coeff * (1 - cfg.min_lr_ratio))
-
-
-def configure_optimizer(cfg: LmConfig, model: torch.nn.Module) -> torch.optim.AdamW:
-    params = [p for p in model.parameters() if p.requires_grad]  # unique: the shared bank and ties count once
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.beta2))
+def load_data(cfg: LmConfig, resume: dict[str, Any] | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """(train, valid) token streams and what a checkpoint keeps to encode the same way on resume."""
+    if cfg.tokenizer == "bpe":
+        data = load_bpe_text(
+            cfg.corpus, cfg.vocab_size, cfg.data_files, cfg.bpe_files, cfg.bpe_cache,
+            tokenizer_json=resume["tokenizer"] if resume else None,
+        )  # fmt: skip
+        return data.train, data.valid, {"tokenizer": data.tokenizer_json}
+    data = load_text(cfg.corpus, cfg.vocab_size, cfg.data_files, vocab=resume["vocab"] if resume else None)
+    return data.train, data.valid, {"vocab": list(data.vocab)}
 
 
 def train(cfg: LmConfig, session: Session) -> None:
-    # --- setup
+    # --- setup: the loop itself is jobs/lm_loop.py, shared with sna.lm
     torch.manual_seed(cfg.seed)
-    device, rank, world = session.device, session.world_rank, session.world_size
-    if cfg.batch_size % world != 0:
-        raise ValueError(f"batch_size: must be a multiple of the {world} workers, got {cfg.batch_size}")
-    resume = session.checkpoint
-    data = load_text(cfg.corpus, cfg.vocab_size, cfg.data_files, vocab=resume["vocab"] if resume else None)
-    raw_model = build_model(cfg)  # checkpoints hold the unwrapped module's state (house style)
-    if resume is not None:
-        raw_model.load_state_dict(resume["model"])
-    model = session.prepare_model(raw_model)  # DDP under Ray Train; the bank and ties are single parameters
-    optimizer = configure_optimizer(cfg, raw_model)
-    start = 0
-    if resume is not None:
-        optimizer.load_state_dict(resume["optimizer"])
-        start = int(resume["step"])
-    # bf16 autocast on GPUs (the Tversky layer computes in the input dtype); fp32 on CPU.
-    autocast = (
-        torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
-    )
-    val = eval_windows(data.valid, cfg.block_size, cfg.eval_batches * cfg.batch_size)[rank::world]  # [W/ws, T+1]
+    check_world(cfg, session)
+    train_ids, valid_ids, extra_state = load_data(cfg, session.checkpoint)
+    raw_model = build_model(cfg)
     params = param_metrics(cfg, raw_model)
 
-    def evaluate() -> float:
-        """Mean next-token cross-entropy over the fixed validation windows (all ranks together)."""
-        model.eval()
-        total = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of losses, tokens]
-        with torch.no_grad():
-            for chunk in val.split(cfg.batch_size // world):
-                chunk = chunk.to(device)
-                with autocast:
-                    logits = raw_model(chunk[:, :-1])  # no DDP forward: no gradient sync to keep in step
-                loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
-                total[0] += loss.double()
-                total[1] += chunk[:, 1:].numel()
-        if world > 1:
-            dist.all_reduce(total)
-        model.train()
-        return (total[0] / total[1]).item()
+    def on_report(metrics: dict[str, Any]) -> dict[str, Any]:
+        metrics = {
+            **metrics,
+            "val/perplexity": math.exp(min(metrics["val/loss"], 700.0)),  # exp overflows a float past ~709
+            **params,
+        }
+        # every report, not just the last: a trial a scheduler stops early still has its row for summarize
+        metrics["table"] = TableRows([_row(cfg, metrics)])
+        return metrics
 
-    train_losses: list[float] = []
-    tokens, clock = 0, time.perf_counter()
-    model.train()
-    for step in range(start + 1, cfg.max_steps + 1):
-        # --- batch: the global batch of step s is fixed by (seed, s), so a resumed run sees the same windows;
-        # each rank keeps every world-th row of it
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        x, y = get_batch(data.train, cfg.batch_size, cfg.block_size, gen)
-        x, y = x[rank::world].to(device), y[rank::world].to(device)  # [B/ws, T]
-
-        # --- update
-        for group in optimizer.param_groups:
-            group["lr"] = get_lr(cfg, step)
-        with autocast:
-            _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        train_losses.append(loss.item())
-        tokens += cfg.batch_size * cfg.block_size
-
-        # --- log
-        if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            tokens_per_s = tokens / (time.perf_counter() - clock)  # training only: measured before the eval
-            val_loss = evaluate()
-            metrics: dict[str, Any] = {
-                "val/loss": val_loss,
-                "val/perplexity": math.exp(min(val_loss, 700.0)),  # exp overflows a float past ~709
-                "train/loss": sum(train_losses) / len(train_losses),  # mean since the last report
-                "step": step,
-                **params,
-                "tokens_per_s": tokens_per_s,
-            }
-            # every report, not just the last: a trial a scheduler stops early still has its row for summarize
-            metrics["table"] = TableRows([_row(cfg, metrics)])
-            state = {
-                "model": {k: v.detach().clone() for k, v in raw_model.state_dict().items()},
-                "optimizer": copy.deepcopy(optimizer.state_dict()),  # a copy: later steps must not mutate it
-                "step": step,
-                "config": dataclasses.asdict(cfg),
-                "vocab": list(data.vocab),
-            }
-            session.report(metrics, checkpoint=state)
-            train_losses, tokens, clock = [], 0, time.perf_counter()
+    train_lm(cfg, session, raw_model, train_ids, valid_ids, on_report, extra_state)
 
 
 # --- the sweep summary: perplexity and parameter count side by side, the paper's row beside each arm
 
 
 ARM_KEYS = ("lm_head", "attn_proj", "tied")
-ROW_COLUMNS = (*ARM_KEYS, "seed", "step", "perplexity", "params", "params_gpt2_vocab")
+ROW_COLUMNS = (*ARM_KEYS, "tokenizer", "vocab_size", "seed", "step", "perplexity", "params", "params_gpt2_vocab")
 
 
 def _row(cfg: LmConfig, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -296,6 +234,8 @@ def _row(cfg: LmConfig, metrics: dict[str, Any]) -> dict[str, Any]:
         "lm_head": cfg.lm_head,
         "attn_proj": cfg.attn_proj,
         "tied": is_tied(cfg),
+        "tokenizer": "gpt2-bpe" if cfg.bpe_files is not None else cfg.tokenizer,  # GPT-2's BPE, or trained
+        "vocab_size": cfg.vocab_size,
         "seed": cfg.seed,
         "step": metrics["step"],
         "perplexity": metrics["val/perplexity"],
@@ -305,45 +245,41 @@ def _row(cfg: LmConfig, metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
-    """One row per trial -> lm_summary.md (per arm: val perplexity mean ± std over seeds, parameters as trained
-    and at GPT-2's vocabulary, and the paper's rows for the same arm) and lm_trials.csv (every trial)."""
-    import csv
-    import statistics
-
-    if not rows:
-        raise ValueError("summarize: got no rows; pass the `table` metric of each finished trial, concatenated")
-    missing = [k for k in ROW_COLUMNS if k not in rows[0]]
-    if missing:
-        raise ValueError(f"summarize: rows lack {', '.join(missing)}; expected the `table` rows of tversky.lm")
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=ROW_COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    arms: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    """One row per trial and report -> lm_summary.md (per arm, at each trial's last report: val perplexity mean
+    ± std over seeds, parameters as trained and at GPT-2's vocabulary, and the paper's rows for the same arm)
+    and lm_trials.csv (every row)."""
+    check_rows(rows, ("lm_head", "attn_proj", "tied", "seed", "step", "perplexity", "params"), "tversky.lm")
+    last: dict[tuple[Any, ...], dict[str, Any]] = {}  # a trial's last report: its rows come one per eval
     for r in rows:
-        arms.setdefault(tuple(r[k] for k in ARM_KEYS), []).append(r)
-    lines = [
-        "| lm_head | attn_proj | tied | seeds | steps | val perplexity | params | params at GPT-2 vocab "
-        "| paper: row, ppl, params |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for key in sorted(arms, key=lambda k: (not k[2], k[0] != "linear", k[1] != "linear", k)):
+        trial = (*(r[k] for k in ARM_KEYS), r.get("tokenizer", "word"), r.get("vocab_size"), r["seed"])
+        if trial not in last or int(r["step"]) >= int(last[trial]["step"]):
+            last[trial] = r
+    arms = group_rows(last.values(), (*ARM_KEYS, "tokenizer", "vocab_size"))
+    lines = []
+    for key in sorted(arms, key=lambda k: (not k[2], k[0] != "linear", k[1] != "linear", str(k))):
         trials = arms[key]
         ppl = [float(r["perplexity"]) for r in trials]
         spread = f" ± {statistics.stdev(ppl):.2f}" if len(ppl) > 1 else ""
         steps = sorted({int(r["step"]) for r in trials})  # several where a scheduler stopped trials early
-        paper = "; ".join(f"{row}: {p:.2f}, {n / 1e6:.2f}M" for row, *arm, p, n in PAPER_ROWS if tuple(arm) == key)
+        paper = "; ".join(f"{row}: {p:.2f}, {n / 1e6:.2f}M" for row, *arm, p, n in PAPER_ROWS if tuple(arm) == key[:3])
+        gpt2 = trials[0].get("params_gpt2_vocab")
         lines.append(
-            f"| {key[0]} | {key[1]} | {key[2]} | {len(trials)} | {'/'.join(map(str, steps))} "
-            f"| {statistics.mean(ppl):.2f}{spread} | {int(trials[0]['params']):,} "
-            f"| {int(trials[0]['params_gpt2_vocab']):,} | {paper or '-'} |"
-        )
+            [*key[:3], key[3] or "word", key[4] or "-", len(trials), "/".join(map(str, steps)),
+             f"{statistics.mean(ppl):.2f}{spread}", f"{int(trials[0]['params']):,}",
+             f"{int(gpt2):,}" if gpt2 is not None else "-", paper or "-"]
+        )  # fmt: skip
+    header = [
+        "lm_head", "attn_proj", "tied", "tokenizer", "vocab", "seeds", "steps", "val perplexity", "params",
+        "params at GPT-2 vocab", "paper: row, ppl, params",
+    ]  # fmt: skip
     note = (
         "\nParameters are unique (tied weights and the shared bank once, wpe included), as the paper counts "
-        "(jobs/tasks/tversky_lm.py). The paper trains on GPT-2 BPE PTB; these runs use the sweep's corpus and "
-        "vocabulary, so compare directions, not values.\n"
+        "(jobs/tasks/tversky_lm.py). Perplexity is per token of the row's tokenizer (word or BPE), so rows of "
+        "different tokenizers do not compare. The paper trains on GPT-2 BPE PTB at GPT-2 small size; these runs "
+        "use the sweep's corpus, vocabulary and size, so compare directions, not values.\n"
     )
-    return {"lm_summary.md": ("\n".join(lines) + "\n" + note).encode(), "lm_trials.csv": buf.getvalue().encode()}
+    summary = markdown_table(header, lines) + note
+    return {"lm_summary.md": summary.encode(), "lm_trials.csv": csv_bytes(ROW_COLUMNS, rows)}
 
 
 TASK = Task(

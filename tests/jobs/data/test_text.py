@@ -1,5 +1,5 @@
 """jobs/data/text.py: PTB through `datasets` (local files; the Hub fails fast offline), the pydoc corpus, ids
-and batches."""
+and batches, byte-level BPE (trained and cached, or GPT-2's files)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from jobs.data.text import (
     encode,
     eval_windows,
     get_batch,
+    load_bpe_text,
     load_ptb,
     load_pydoc,
     load_text,
@@ -148,3 +149,28 @@ def test_write_ptb_files_layout(tmp_path: Path) -> None:
     folder = write_ptb_files(tmp_path, {"train": ["a b"], "valid": ["c"], "test": []})
     assert sorted(p.name for p in folder.iterdir()) == sorted(PTB_FILES.values())
     assert (folder / "ptb.train.txt").read_text() == " a b \n" and (folder / "ptb.test.txt").read_text() == ""
+
+
+def test_bpe_trained_cached_and_read_back_as_gpt2_files(ptb_folder: Path, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    cache = tmp_path / "cache"
+    trained = load_bpe_text("ptb", 300, ptb_folder, cache_dir=cache)
+    (cached,) = cache.iterdir()
+    assert trained.tokenizer_json is not None and len(trained.vocab) <= 300 and trained.vocab[0] == "<|endoftext|>"
+    tok = Tokenizer.from_str(trained.tokenizer_json)
+    assert tok.decode(trained.valid.tolist()) == " the company rose sharply"  # <|endoftext|> is skipped
+    assert trained.valid[-1] == 0 and tok.id_to_token(int(trained.valid[0])) == "Ġthe"  # a word, its space first
+    assert Tokenizer.from_file(str(cached)).to_str() == trained.tokenizer_json
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    tok.model.save(str(gpt2))  # GPT-2's original layout: vocab.json + merges.txt
+    assert sorted(p.name for p in gpt2.iterdir()) == ["merges.txt", "vocab.json"]
+    from_files = load_bpe_text("ptb", 300, ptb_folder, bpe_files=gpt2)
+    for split in ("train", "valid", "test"):
+        assert torch.equal(getattr(from_files, split), getattr(trained, split)), split
+    with pytest.raises(ValueError, match=rf"^vocab_size: the BPE tokenizer has {len(trained.vocab)} tokens, more "):
+        load_bpe_text("ptb", 258, ptb_folder, bpe_files=gpt2)
+    (gpt2 / "merges.txt").unlink()
+    with pytest.raises(DatasetNotFoundError, match="lacks merges.txt; it must hold tokenizer.json, or vocab.json"):
+        load_bpe_text("ptb", 300, ptb_folder, bpe_files=gpt2)

@@ -1,4 +1,5 @@
-"""jobs/tasks/tversky_lm.py: config validation, real optimisation for both heads, resume, and DDP."""
+"""jobs/tasks/tversky_lm.py: config validation, real optimisation for both heads and both tokenisers (word,
+byte-level BPE), resume, and DDP."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from jobs.config import field_docs
 from jobs.layers.gpt import GPT
+from jobs.lm_loop import get_lr
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
-from jobs.tasks.tversky_lm import PAPER_ROWS, TASK, LmConfig, build_model, example_input, get_lr, summarize, train
+from jobs.tasks.tversky_lm import PAPER_ROWS, TASK, LmConfig, build_model, example_input, summarize, train
 
 REPO = Path(__file__).resolve().parents[3]
 LM_SWEEPS = sorted([*REPO.glob("sweeps/tversky_lm*.yaml"), *REPO.glob("sweeps/gpu/tversky_lm*.yaml")])
@@ -83,6 +85,9 @@ def test_n_embd_must_divide_by_n_head() -> None:
         ({"eval_every": 500}, r"^eval_every: must be <= max_steps \(400\), got 500"),
         ({"warmup_steps": 400}, r"^warmup_steps: must be < max_steps \(400\), got 400"),
         ({"data_files": "/data/ptb"}, r"^data_files: only the ptb corpus reads files, got corpus='pydoc'"),
+        ({"bpe_files": "/data/gpt2"}, r"^bpe_files: only tokenizer=bpe reads them, got tokenizer='word'"),
+        ({"tokenizer": "bpe", "vocab_size": 100}, r"^vocab_size: byte-level BPE needs >= 258 .*, got 100"),
+        ({"tokenizer": "sentencepiece"}, r"^tokenizer: must be one of 'word', 'bpe'"),
     ],
 )
 def test_config_errors(params: dict[str, Any], message: str) -> None:
@@ -116,6 +121,8 @@ def test_tiny_run_takes_optimizer_steps(lm_head: str, attn_proj: str) -> None:
             "lm_head": lm_head,
             "attn_proj": attn_proj,
             "tied": True,
+            "tokenizer": "word",
+            "vocab_size": 300,
             "seed": 0,
             "step": 30,
             "perplexity": last["val/perplexity"],
@@ -135,6 +142,24 @@ def test_tiny_run_takes_optimizer_steps(lm_head: str, attn_proj: str) -> None:
     assert len(ckpt["optimizer"]["state"]) == len(trainable)  # every parameter, the shared bank once
     reloaded = build_model(cfg)
     reloaded.load_state_dict(ckpt["model"])  # the worker registers build_model(cfg) + checkpoint["model"]
+
+
+def test_bpe_run_trains_caches_its_vocabulary_and_resumes_with_it(tmp_path: Path) -> None:
+    cfg = LmConfig(
+        **{**TINY, "max_steps": 12, "eval_every": 6},  # type: ignore[arg-type]
+        tokenizer="bpe", bpe_cache=str(tmp_path), lm_head="tversky", attn_proj="tversky",
+    )  # fmt: skip
+    crashed = CrashingSession(crash_at=6)
+    with pytest.raises(_Crash):
+        train(cfg, crashed)
+    assert [p.name.startswith("bpe-300-") for p in tmp_path.iterdir()] == [True]  # trained once, cached
+    ckpt = crashed.last_checkpoint
+    assert ckpt is not None and set(ckpt) == {"model", "optimizer", "step", "config", "tokenizer"}
+    first = crashed.history[-1]
+    assert first["table"][0]["tokenizer"] == "bpe" and first["val/loss"] < math.log(300), first
+    resumed = _run(cfg, LocalSession(checkpoint=ckpt, quiet=True))
+    assert [h["step"] for h in resumed.history] == [12] and resumed.history[-1]["val/loss"] < first["val/loss"]
+    assert resumed.last_checkpoint is not None and resumed.last_checkpoint["tokenizer"] == ckpt["tokenizer"]
 
 
 class _Crash(Exception):
@@ -268,13 +293,18 @@ def test_summarize_puts_perplexity_and_parameters_side_by_side() -> None:
     ]  # fmt: skip
     files = summarize(rows)
     md = files["lm_summary.md"].decode()
-    assert "| linear | linear | True | 2 | 400 | 233.00 ± 4.24 | 232,192 | 124,439,808 " in md
+    assert "| linear | linear | True | word | - | 2 | 400 | 233.00 ± 4.24 | 232,192 | 124,439,808 " in md
     assert "| from scratch, tied: 112.81, 124.44M |" in md
-    assert "| tversky | tversky | True | 1 | 400 | 283.00 | 240,265 | 137,013,543 " in md
+    assert "| tversky | tversky | True | word | - | 1 | 400 | 283.00 | 240,265 | 137,013,543 " in md
     assert "| from scratch, tied: 103.99, 81.14M |" in md
     assert files["lm_trials.csv"].decode().splitlines()[0] == (
-        "lm_head,attn_proj,tied,seed,step,perplexity,params,params_gpt2_vocab"
+        "lm_head,attn_proj,tied,tokenizer,vocab_size,seed,step,perplexity,params,params_gpt2_vocab"
     )
+    # a trial's rows from several reports count once, at its last step; tokenisers are separate arms
+    bpe = {**rows[2], "tokenizer": "bpe", "vocab_size": 2000}
+    md = summarize([*rows, {**bpe, "step": 200, "perplexity": 999.0}, bpe])["lm_summary.md"].decode()
+    assert "| tversky | tversky | True | word | - | 1 | 400 | 283.00 |" in md
+    assert "| tversky | tversky | True | bpe | 2000 | 1 | 400 | 283.00 |" in md
     with pytest.raises(ValueError, match="^summarize: rows lack params"):
         summarize([{k: v for k, v in rows[0].items() if k != "params"}])
 
