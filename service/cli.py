@@ -120,6 +120,9 @@ def submit(
         raise _fail(f"{file}: no such file", 2)
     body = _api("POST", "/sweeps", content=file.read_bytes(), headers={"content-type": "application/yaml"})
     out.print(f"submitted sweep [bold]{body['id']}[/bold] ({body['name']}, {body['trials']['total']} trials)")
+    warning = views.submit_warning(body)
+    if warning:
+        err.print(warning, markup=False, highlight=False)
     if wait:
         watch(body["id"])
 

@@ -107,6 +107,7 @@ def summary(sweep: Body, trials: Body) -> Text:
     rows = [
         ("sweep", f"{sweep['id']}  {sweep['name']} (task {sweep['task']}, owner {sweep['owner'] or '-'})"),
         ("state", f"{sweep['state']}{reason}"),
+        *([("waiting", sweep["waiting"]["message"])] if sweep.get("waiting") else []),
         ("attempts", f"{sweep['attempts']} of {sweep['max_attempts']}" + _worker(sweep)),
         ("when", _when(sweep)),
         ("trials", counts_line(sweep)),
@@ -121,6 +122,17 @@ def summary(sweep: Body, trials: Body) -> Text:
         text.append(("\n" if i else "") + f"{field:<13}", style="bold")
         text.append(value)
     return text
+
+
+def submit_warning(sweep: Body) -> str | None:
+    """`layerlab submit`'s warning when no live worker can run the sweep (it is queued all the same)."""
+    waiting = sweep.get("waiting")
+    if not waiting or waiting["workers_able"]:
+        return None
+    return (
+        f"warning: no live worker can run sweep {sweep['id']} now; it stays queued until one can. "
+        f"It is {waiting['message']}"
+    )
 
 
 def _worker(sweep: Body) -> str:

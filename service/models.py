@@ -95,6 +95,11 @@ class Sweep(Base):
     model_alias: Mapped[str | None] = mapped_column(String(64), nullable=True)
     owner: Mapped[str | None] = mapped_column(String(100), nullable=True, index=True)
     """The user whose API token submitted the sweep; only they (or an admin) may cancel it."""
+    need_cpus: Mapped[float] = mapped_column(Float, default=1.0)
+    """What one trial asks of a Ray cluster (service.routing.Need): `need_workers` bundles of `need_cpus`
+    CPUs and `need_gpus` GPUs. A worker claims the sweep only if its cluster's nodes can hold them."""
+    need_gpus: Mapped[float] = mapped_column(Float, default=0.0)
+    need_workers: Mapped[int] = mapped_column(Integer, default=1)
 
 
 class Trial(Base):
@@ -122,6 +127,20 @@ class Trial(Base):
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     """Why the trial ended other than by finishing (error, cancel, lost), in one line."""
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class QueueWorker(Base):
+    """A worker as it last told the queue: what its Ray cluster offers (service.routing) and when it was
+    last heard from (every claim poll, every lease heartbeat). Rows of workers gone a day are pruned."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    nodes: Mapped[list[dict[str, float]]] = mapped_column(JSON)
+    """Each alive node of its Ray cluster: {"cpus": total CPUs, "gpus": total GPUs}."""
+    seen_at: Mapped[datetime] = mapped_column(DateTime, index=True)
+    sweep_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """The sweep it runs now (None while it polls)."""
 
 
 class Event(Base):

@@ -11,18 +11,45 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection, Engine, Integer, Table, bindparam, case, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Integer,
+    Table,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
 from service.db import get_engine, migrate, session_factory
 from service.errors import InvalidTransition, LeaseLost, SweepNotFound
-from service.models import TERMINAL, TRIAL_ENDED, Event, Sweep, SweepState, Trial, TrialState, utcnow
+from service.models import (
+    TERMINAL,
+    TRIAL_ENDED,
+    Event,
+    QueueWorker,
+    Sweep,
+    SweepState,
+    Trial,
+    TrialState,
+    utcnow,
+)
+from service.routing import LIVE_SECONDS, Need, Node, SeenWorker, Waiting, fits_sql, waiting
 from service.spec import SweepSpec, spec_to_yaml
 
 log = logging.getLogger(__name__)
@@ -96,6 +123,7 @@ class QueueStore:
             migrate(self.engine)
         self._sessions = session_factory(self.engine)
         self.is_postgres = self.engine.dialect.name == "postgresql"
+        self._pruned_for: set[str] = set()
 
     def session(self) -> Session:
         return self._sessions()
@@ -126,6 +154,7 @@ class QueueStore:
                 metric_mode=spec.metric.mode,
                 submitted_at=utcnow(),
                 owner=owner,
+                **Need.of(spec).columns,
             )
             s.add(sweep)
             s.flush()
@@ -282,8 +311,11 @@ class QueueStore:
             log.warning("%s sweep %s: %s", action, sweep.id, lost, extra={"action": action, "job_id": sweep.id})
         return n
 
-    def claim(self, worker_id: str, lease_seconds: float) -> Claim | None:
-        """Take the queued sweep with the highest priority, oldest first; None if there is none."""
+    def claim(self, worker_id: str, lease_seconds: float, offer: Sequence[Node] | None = None) -> Claim | None:
+        """Take the queued sweep with the highest priority, oldest first; None if there is none.
+
+        `offer`: the nodes of the worker's Ray cluster (service.routing). Given, only a sweep whose trials
+        they can hold is taken, and the worker's heartbeat row records them; None takes any sweep."""
         with self.session() as s, s.begin():
             self.reclaim_expired(s, lease_seconds)
             s.flush()
@@ -293,9 +325,13 @@ class QueueStore:
                 .order_by(Sweep.priority.desc(), Sweep.submitted_at, Sweep.id)
                 .limit(1)
             )
+            if offer is not None:
+                q = q.where(fits_sql(offer, Sweep.need_cpus, Sweep.need_gpus, Sweep.need_workers, self._floor))
             if self.is_postgres:
                 q = q.with_for_update(skip_locked=True)
             sweep = s.scalars(q).first()
+            if offer is not None:
+                self._seen(s, worker_id, offer, sweep.id if sweep is not None else None)
             if sweep is None:
                 return None
             now = utcnow()
@@ -315,6 +351,48 @@ class QueueStore:
             )
         log.info("claim sweep %s", claim.sweep_id, extra={"action": "claim", "job_id": claim.sweep_id})
         return claim
+
+    # --- workers' heartbeat rows and routing (service.routing) --------------------------------
+
+    def _floor(self, x: Any) -> Any:
+        """floor() of a non-negative float in SQL: SQLite has no floor() without its math extension."""
+        return func.floor(x) if self.is_postgres else sql_cast(x, Integer)
+
+    def _seen(self, s: Session, worker_id: str, offer: Sequence[Node], sweep_id: int | None) -> None:
+        """Upsert the worker's row; at a worker's first poll, prune rows of workers gone a day."""
+        values = {"nodes": [dict(n) for n in offer], "seen_at": utcnow(), "sweep_id": sweep_id}
+        dialect = postgresql if self.is_postgres else sqlite
+        stmt = dialect.insert(QueueWorker).values(id=worker_id, **values)
+        s.execute(stmt.on_conflict_do_update(index_elements=[QueueWorker.id], set_=values))
+        if worker_id not in self._pruned_for:
+            self._pruned_for.add(worker_id)
+            s.execute(delete(QueueWorker).where(QueueWorker.seen_at < utcnow() - timedelta(days=1)))
+
+    def forget_worker(self, worker_id: str) -> None:
+        """A worker that stops (not one that dies) leaves the live count at once."""
+        with self.session() as s, s.begin():
+            s.execute(delete(QueueWorker).where(QueueWorker.id == worker_id))
+
+    def live_workers(self, within: float = LIVE_SECONDS) -> list[SeenWorker]:
+        q = select(QueueWorker).where(QueueWorker.seen_at >= utcnow() - timedelta(seconds=within))
+        with self.session() as s:
+            return [SeenWorker(w.id, list(w.nodes or []), w.sweep_id) for w in s.scalars(q.order_by(QueueWorker.id))]
+
+    def waiting(self, sweep: Any, seen: list[SeenWorker] | None = None) -> Waiting:
+        """What a queued sweep (the ORM row or service.reads' row) waits for; `seen`: live_workers(), when
+        the caller asks for several sweeps."""
+        ahead = select(func.count()).where(
+            Sweep.state == SweepState.queued,
+            or_(
+                Sweep.priority > sweep.priority,
+                and_(Sweep.priority == sweep.priority, Sweep.submitted_at < sweep.submitted_at),
+                and_(Sweep.priority == sweep.priority, Sweep.submitted_at == sweep.submitted_at, Sweep.id < sweep.id),
+            ),
+        )
+        with self.session() as s:
+            n_ahead = int(s.scalar(ahead) or 0)
+        need = Need(cpus=sweep.need_cpus, gpus=sweep.need_gpus, workers=sweep.need_workers)
+        return waiting(need, self.live_workers() if seen is None else seen, n_ahead)
 
     def running_leases(self) -> list[tuple[int, str | None]]:
         """(sweep id, lease holder) of every running sweep."""
@@ -351,6 +429,8 @@ class QueueStore:
             res = s.execute(self._fenced(claim).values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))
             if res.rowcount != 1:  # type: ignore[attr-defined]
                 raise LeaseLost(claim.sweep_id, claim.worker_id, claim.attempt)
+            workers = update(QueueWorker).where(QueueWorker.id == claim.worker_id)
+            s.execute(workers.values(seen_at=utcnow(), sweep_id=claim.sweep_id))
             return bool(s.scalar(select(Sweep.cancel_requested).where(Sweep.id == claim.sweep_id)))
 
     @waits_out_outages

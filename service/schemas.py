@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from service.models import Sweep, Trial
+from service.routing import Waiting
 
 
 class TrialCounts(BaseModel):
@@ -60,9 +61,13 @@ class SweepPublic(BaseModel):
     best_trial_id: str | None
     mlflow: MlflowLinks
     model: RegisteredModel
+    waiting: Waiting | None = None
+    """A queued sweep: what it waits for (a worker whose cluster can hold its trials, or its turn)."""
 
     @classmethod
-    def build(cls, sweep: Sweep | SimpleNamespace, counts: dict[str, int], ui_url: str) -> SweepPublic:
+    def build(
+        cls, sweep: Sweep | SimpleNamespace, counts: dict[str, int], ui_url: str, waiting: Waiting | None = None
+    ) -> SweepPublic:
         """`sweep`: the ORM row, or service.reads' row (the same columns as attributes, without the spec)."""
         ui = ui_url.rstrip("/")
         exp, run = sweep.mlflow_experiment_id, sweep.mlflow_parent_run_id
@@ -106,6 +111,7 @@ class SweepPublic(BaseModel):
                 parent_run_url=f"{ui}/#/experiments/{exp}/runs/{run}" if exp and run else None,
             ),
             model=RegisteredModel(name=sweep.model_name, version=sweep.model_version, alias=sweep.model_alias, uri=uri),
+            waiting=waiting,
         )
 
 

@@ -28,6 +28,7 @@ from service.models import TrialState
 from service.queue import Claim, QueueStore
 from service.settings import Settings
 from service.spec import SweepSpec
+from workers.offer import ClusterOffer
 from workers.supervisor import local_worker_id, take_over_dead_local_leases
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ class Worker:
         self.shutdown = threading.Event()
         self._stop: StopRequests | None = None  # the running attempt's stop requests, if any
         self._handles_signals = False
+        self.offer = ClusterOffer(settings)
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT: stop the running sweep and give it back to the queue, then exit."""
@@ -141,11 +143,22 @@ class Worker:
 
     def run(self, once: bool = False, exit_when_idle: bool = False) -> None:
         log.info("worker %s polling %s", self.worker_id, self.settings.queue_url)
+        try:
+            self._poll(once, exit_when_idle)
+        finally:
+            try:
+                self.store.forget_worker(self.worker_id)  # a worker that stops is no longer live
+            except Exception as exc:
+                log.warning("could not remove worker %s from the queue's workers: %s", self.worker_id, exc)
+
+    def _poll(self, once: bool, exit_when_idle: bool) -> None:
         while not self.shutdown.is_set():
             try:
                 if self.settings.take_over_dead_leases:
                     take_over_dead_local_leases(self.store)
-                claim = self.store.claim(self.worker_id, self.settings.lease_seconds)
+                # Only sweeps this worker's Ray cluster can hold (service.routing); the claim is its heartbeat.
+                offer = self.offer.nodes(ensure_ray)
+                claim = self.store.claim(self.worker_id, self.settings.lease_seconds, offer)
             except Exception as exc:  # database down: keep polling, reconnect by itself
                 log.warning("claim failed (%s); retrying in %.0fs", exc, self.settings.poll_seconds)
                 self.shutdown.wait(self.settings.poll_seconds)

@@ -7,11 +7,13 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, status
+from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import PrincipalDep, SettingsDep, StoreDep, get_principal
 from service.errors import SpecError
 from service.models import TERMINAL, SweepState
 from service.reads import SweepReader
+from service.routing import Waiting
 from service.schemas import ErrorResponse, SpecErrorResponse, SweepList, SweepPublic
 from service.spec import parse_spec
 from service.spec_loading import load_json
@@ -91,7 +93,8 @@ async def submit_sweep(
     except SpecError as exc:
         raise HTTPException(422, {"message": "invalid sweep spec", "errors": exc.errors}) from None
     sweep = store.submit(spec, text, max_attempts=settings.max_attempts, owner=principal.user)
-    return SweepPublic.build(sweep, {}, settings.mlflow_ui_url)
+    # `waiting.workers_able == 0`: no live worker can run it (the CLI warns); it stays queued all the same.
+    return SweepPublic.build(sweep, {}, settings.mlflow_ui_url, store.waiting(sweep))
 
 
 @router.get("", response_model=SweepList)
@@ -103,7 +106,14 @@ def list_sweeps(
     offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> SweepList:
     sweeps = store.list_sweeps(state.value if state else None, limit=limit, offset=offset)
-    return SweepList(sweeps=[SweepPublic.build(s, store.trial_counts(s.id), settings.mlflow_ui_url) for s in sweeps])
+    seen = store.live_workers() if any(s.state == SweepState.queued for s in sweeps) else []
+
+    def waiting(sweep: Any) -> Waiting | None:
+        return store.waiting(sweep, seen) if sweep.state == SweepState.queued else None
+
+    return SweepList(
+        sweeps=[SweepPublic.build(s, store.trial_counts(s.id), settings.mlflow_ui_url, waiting(s)) for s in sweeps]
+    )
 
 
 MAX_WAIT_SECONDS = 60.0
@@ -138,7 +148,10 @@ async def get_sweep(
             if await request.is_disconnected() or await reader.state(sweep_id) in TERMINAL:
                 break  # the client gave up, or the sweep ended
         sweep, counts = await reader.get_with_counts(sweep_id)
-    body = SweepPublic.build(sweep, counts, settings.mlflow_ui_url).model_dump_json()
+    waiting = None
+    if sweep.state == SweepState.queued:  # two more reads, only while it waits (the hot path is a running sweep)
+        waiting = await run_in_threadpool(request.app.state.store.waiting, sweep)
+    body = SweepPublic.build(sweep, counts, settings.mlflow_ui_url, waiting).model_dump_json()
     return Response(body, media_type="application/json")
 
 
