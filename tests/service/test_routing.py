@@ -182,3 +182,19 @@ def test_submit_warns_when_no_live_worker_can_run_the_sweep(cli_api: QueueStore,
 
     result = CliRunner().invoke(cli.app, ["submit", str(cpu_file)])
     assert result.exit_code == 0 and result.stderr == "", result.output
+
+
+def test_the_migration_reads_the_needs_of_sweeps_queued_before_it(sqlite_url: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    store = QueueStore(sqlite_url)
+    train = store.submit(spec("train", cpus=2, gpus=4, workers=2))
+    cfg = Config()
+    cfg.set_main_option("script_location", str(db.MIGRATIONS))
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0004")  # the columns are gone
+    db.migrate(store.engine)
+    row = store.get(train.id)
+    assert Need(row.need_cpus, row.need_gpus, row.need_workers) == Need(2, 2, 2)  # not the columns' defaults
