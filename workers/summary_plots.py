@@ -8,7 +8,10 @@
 - `<metric>_heatmap.png`: with two or more grid parameters (seeds aside), the mean metric per cell of the
   two that matter most (below), annotated, the best cell outlined: the generic form of the paper
   sweep's Ψ x difference heatmap (jobs/tasks/tversky_xor_grid.py).
-- `<metric>_curves.png`: every trial's curve, coloured by the parameter that matters most, with a legend.
+- `<metric>_curves.png`: every trial's curve, coloured by the parameter that matters most, with a legend,
+  over the task's own step: the `step` it reports with each result (optimizer steps, environment steps,
+  loads stored: what the task counts), not Tune's count of reports. A task that reports no `step` is drawn
+  over its reports, and the axis says so.
 
 "Matters most" is the parameter whose per-value means of the final metric spread most (max - min). A
 parameter named `seed` or `*_seed` is a replicate: it has its panel, but colours nothing and is no heatmap
@@ -40,6 +43,11 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 if TYPE_CHECKING:
     from service.spec import SweepSpec
 
+STEP_KEY = "step"
+"""The result key of a task's own step count, which the jobs' tasks report with every result. The worker
+logs it with the metrics (a `step` metric on each child run), so the curves can be drawn over it."""
+REPORT_AXIS = "report (Tune's training_iteration)"
+"""The curves' x label when some trial reported no task step."""
 MAX_GROUPS = 12
 """A continuous space with more distinct values than this is averaged per bin (BINS of them)."""
 BINS = 8
@@ -76,8 +84,8 @@ class TrialResult:
     config: Mapping[str, Any]
     final: float
     """The trial's last value of the metric; NaN when it has none (never reported, or not finite)."""
-    curve: dict[int, float] = field(default_factory=dict)
-    """step -> value."""
+    curve: dict[Any, float] = field(default_factory=dict)
+    """step -> value: the task's own steps, or its reports (draw_summary)."""
 
 
 @dataclass
@@ -389,7 +397,7 @@ def heatmap_figure(
 
 
 def curves_figure(
-    trials: Sequence[TrialResult], colour_by: Searched | None, metric: str, title: str, step_label: str = "iteration"
+    trials: Sequence[TrialResult], colour_by: Searched | None, metric: str, title: str, step_label: str = REPORT_AXIS
 ) -> Figure:
     """One line per trial (a dot where it reported once), coloured by `colour_by`'s values, with a legend."""
     fig = Figure(figsize=(9.5, 5))
@@ -415,7 +423,7 @@ def curves_figure(
     if dots:
         ax.scatter([d[0][0] for d in dots], [d[0][1] for d in dots], s=12, alpha=0.7, c=[c for _, c in dots])
     ax.autoscale_view()
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and reports are whole numbers
     ax.set(xlabel=step_label, ylabel=metric)
     ax.set_title(title, y=TITLE_Y)
     if handles and colour_by is not None:
@@ -443,7 +451,7 @@ def summary_figures(
     metric: str,
     mode: str,
     name: str,
-    step_label: str = "iteration",
+    step_label: str = REPORT_AXIS,
 ) -> dict[str, Figure]:
     """File suffix (final, heatmap, curves) -> picture; see the module docstring for what each shows."""
     out = {}
@@ -463,20 +471,56 @@ def summary_figures(
     return out
 
 
-def draw_summary(
-    trials: Sequence[Any], curve_of: Callable[[Any], dict[int, float]], spec: SweepSpec, folder: Path
-) -> list[Path]:
-    """The pictures of a sweep's trials (the queue's rows: config, metrics, mlflow_run_id) as
-    `<folder>/<metric>_{final,heatmap,curves}.png`; `curve_of(trial)`: its metric's step -> value, asked
-    only of trials that have a run."""
+def task_step_label(task: str) -> str:
+    return f"step, as {task} counts it"
+
+
+def on_task_steps(
+    curves: Sequence[dict[int, float]], steps: Sequence[dict[int, float]]
+) -> list[dict[Any, float]] | None:
+    """Each curve (report -> value) over its trial's own steps (report -> task step); None unless every
+    report of every curve has its task step (and there is a report)."""
+    if not any(curves) or not all(curve.keys() <= axis.keys() for curve, axis in zip(curves, steps, strict=True)):
+        return None
+    return [{axis[r]: v for r, v in curve.items()} for curve, axis in zip(curves, steps, strict=True)]
+
+
+def sweep_figures(
+    trials: Sequence[Any],
+    curve_of: Callable[[Any], dict[int, float]],
+    spec: SweepSpec,
+    steps_of: Callable[[Any], dict[int, float]] | None = None,
+) -> dict[str, Figure]:
+    """The pictures of a sweep's trials (the queue's rows: config, metrics, mlflow_run_id), by file suffix.
+    `curve_of(trial)`: its metric's report -> value; `steps_of(trial)`: its report -> the task's own step
+    (STEP_KEY); both asked only of trials that have a run. The curves are drawn over the task's steps when
+    every trial has them, else over the reports."""
     metric = spec.metric.name
+    ran = [t for t in trials if t.mlflow_run_id]
+    curves = [curve_of(t) for t in ran]
+    on_steps = on_task_steps(curves, [steps_of(t) for t in ran]) if steps_of is not None else None
+    by_trial: dict[int, dict[Any, float]] = dict(zip(map(id, ran), on_steps or curves, strict=True))
     results = []
     for t in trials:
         value = (t.metrics or {}).get(metric)
         final = float(value) if isinstance(value, int | float) else math.nan
-        results.append(TrialResult(t.config or {}, final, curve_of(t) if t.mlflow_run_id else {}))
-    figures = summary_figures(results, searched_params(spec.space), metric, spec.metric.mode or "max", spec.name)
-    stem = metric.replace("/", "_")  # slash-grouped metric names (test/accuracy) are not file names
+        results.append(TrialResult(t.config or {}, final, by_trial.get(id(t), {})))
+    label = task_step_label(spec.task) if on_steps is not None else REPORT_AXIS
+    return summary_figures(
+        results, searched_params(spec.space), metric, spec.metric.mode or "max", spec.name, step_label=label
+    )
+
+
+def draw_summary(
+    trials: Sequence[Any],
+    curve_of: Callable[[Any], dict[int, float]],
+    spec: SweepSpec,
+    folder: Path,
+    steps_of: Callable[[Any], dict[int, float]] | None = None,
+) -> list[Path]:
+    """sweep_figures saved as `<folder>/<metric>_{final,heatmap,curves}.png`."""
+    figures = sweep_figures(trials, curve_of, spec, steps_of)
+    stem = spec.metric.name.replace("/", "_")  # slash-grouped metric names (test/accuracy) are not file names
     return [save(fig, folder / f"{stem}_{suffix}.png") for suffix, fig in figures.items()]
 
 

@@ -64,6 +64,7 @@ class SweepTracker:
         # The sweep metric's history of each trial whose child run this attempt created, as logged: the
         # summary's curves then need no MLflow query per trial (200 of them at the end of a 200-trial sweep).
         self._curves: dict[str, dict[int, float]] = {}
+        self._steps: dict[str, dict[int, float]] = {}  # and the task's own step at each (summary_plots.STEP_KEY)
         # Run id -> its artifact repository: MLflow's log_artifacts reads the whole run back each time
         # to find where its artifacts go (a run is logged to once or twice: its cache never hits).
         self._repos: dict[str, ArtifactRepository] = {}
@@ -296,12 +297,15 @@ class SweepTracker:
 
     def _log_metrics(self, trial_id: str, metrics: dict[str, float], step: int, batch: list[Metric]) -> None:
         value = metrics.get(self.spec.metric.name)
+        task_step = metrics.get("step")  # summary_plots.STEP_KEY (not imported here: it loads matplotlib)
 
         def write() -> None:
             run_id = self._children.get(trial_id) or self.child_run(trial_id, {})
             self.client.log_batch(run_id, metrics=batch)
             if value is not None and trial_id in self._curves:
                 self._curves[trial_id][step] = value
+                if task_step is not None:
+                    self._steps.setdefault(trial_id, {})[step] = task_step
 
         self._write(f"trial {trial_id} step {step}", write)
 
@@ -398,17 +402,24 @@ class SweepTracker:
         return self._repos[run_id]
 
     def _plots(self, trials: list[Any], folder: Path) -> list[Path]:
-        from workers.summary_plots import draw_summary
+        from workers.summary_plots import STEP_KEY, draw_summary
 
         metric = self.spec.metric.name
 
-        def curve_of(t: Any) -> dict[int, float]:
-            curve = self._curves.get(t.trial_id)
-            if curve is None or t.mlflow_run_id != self._children.get(t.trial_id):  # an earlier attempt's run
-                curve = {m.step: m.value for m in self.client.get_metric_history(t.mlflow_run_id, metric)}
-            return curve
+        def logged_here(t: Any) -> bool:  # else an earlier attempt's run: read back from MLflow
+            return t.trial_id in self._curves and t.mlflow_run_id == self._children.get(t.trial_id)
 
-        return draw_summary(trials, curve_of, self.spec, folder)
+        def curve_of(t: Any) -> dict[int, float]:
+            if logged_here(t):
+                return self._curves[t.trial_id]
+            return {m.step: m.value for m in self.client.get_metric_history(t.mlflow_run_id, metric)}
+
+        def steps_of(t: Any) -> dict[int, float]:
+            if logged_here(t):
+                return self._steps.get(t.trial_id, {})
+            return {m.step: m.value for m in self.client.get_metric_history(t.mlflow_run_id, STEP_KEY)}
+
+        return draw_summary(trials, curve_of, self.spec, folder, steps_of)
 
     def end_parent(self, status: str, best: dict[str, Any] | None = None) -> None:
         self.close()

@@ -305,7 +305,7 @@ class Worker:
                 trainable,
                 param_space=param_space(spec),
                 tune_config=make_tune_config(spec),
-                run_config=make_run_config(claim.sweep_id, spec, list(task.metrics), storage, fs),
+                run_config=make_run_config(claim.sweep_id, spec, logged_keys(task), storage, fs),
             )
         try:
             results = tuner.fit()
@@ -388,6 +388,14 @@ class Worker:
         else:
             raise RuntimeError(f"the best trial {trial_id} reported no checkpoint; cannot register a model")
         return Path(checkpoint.to_directory())
+
+
+def logged_keys(task: Any) -> list[str]:
+    """The result keys logged as metrics: the task's metrics and its own step count, the summary curves'
+    x axis (workers.summary_plots.STEP_KEY; a task that reports none has none logged)."""
+    from workers.summary_plots import STEP_KEY
+
+    return [*task.metrics, *([] if STEP_KEY in task.metrics else [STEP_KEY])]
 
 
 def reconcile(live: Any, results: Any) -> None:

@@ -21,6 +21,7 @@ from PIL import Image
 from service.spec import Domain, SweepSpec
 from workers.summary_plots import (
     BINS,
+    REPORT_AXIS,
     Searched,
     TrialResult,
     by_param_figure,
@@ -30,6 +31,7 @@ from workers.summary_plots import (
     save,
     searched_params,
     summary_figures,
+    sweep_figures,
 )
 
 
@@ -156,7 +158,7 @@ def test_a_numeric_parameter_is_on_a_log_axis_with_its_means_and_the_best_trial(
     colour = {label: to_hex(h.get_color()) for label, h in zip(labels, legend.legend_handles, strict=True)}
     (lines,) = [c for c in curves.collections if isinstance(c, LineCollection)]
     assert [to_hex(c) for c in lines.get_colors()] == [colour[f"{t.config['lr']:g}"] for t in trials]
-    assert curves.get_xlabel() == "iteration"
+    assert curves.get_xlabel() == REPORT_AXIS
     assert curves_figure(trials, params[0], "accuracy", "s", step_label="epoch").axes[0].get_xlabel() == "epoch"
 
 
@@ -232,3 +234,31 @@ def test_the_pictures_are_saved_under_stable_names(tmp_path: Path) -> None:
     out = draw_summary(trials, lambda t: curves[t.trial_id], spec, tmp_path)  # t3 has no run: not asked
     assert [p.name for p in out] == ["test_accuracy_final.png", "test_accuracy_heatmap.png", "test_accuracy_curves.png"]
     assert all(p.stat().st_size > 1000 for p in out)
+
+
+def test_the_curves_are_drawn_over_the_tasks_own_steps() -> None:
+    spec = SweepSpec.model_validate(
+        {"name": "s", "task": "tversky.xor", "metric": {"name": "accuracy", "mode": "max"},
+         "space": {"lr": {"grid": [0.1, 0.2]}}}
+    )  # fmt: skip
+    trials = [
+        SimpleNamespace(trial_id=f"t{i}", config={"lr": lr}, metrics={"accuracy": 0.5}, mlflow_run_id=f"r{i}")
+        for i, lr in enumerate([0.1, 0.2])
+    ]
+    curves = {"t0": {1: 0.25, 2: 0.5, 3: 0.75}, "t1": {1: 0.5, 2: 1.0}}  # report -> accuracy
+    steps = {"t0": {1: 50, 2: 100, 3: 150}, "t1": {1: 250, 2: 500}}  # report -> the task's step
+
+    def drawn(fig: dict[str, Figure]) -> tuple[str, list[list[list[float]]]]:
+        ax = fig["curves"].axes[0]
+        (lines,) = [c for c in ax.collections if isinstance(c, LineCollection)]
+        return ax.get_xlabel(), sorted(seg.tolist() for seg in lines.get_segments())
+
+    on_steps = sweep_figures(trials, lambda t: curves[t.trial_id], spec, lambda t: steps[t.trial_id])
+    assert drawn(on_steps) == (
+        "step, as tversky.xor counts it",
+        [[[50, 0.25], [100, 0.5], [150, 0.75]], [[250, 0.5], [500, 1.0]]],
+    )
+    # One report without its task step (a run of an earlier attempt logged none): every curve over reports.
+    steps["t1"] = {1: 250}
+    on_reports = sweep_figures(trials, lambda t: curves[t.trial_id], spec, lambda t: steps[t.trial_id])
+    assert drawn(on_reports) == (REPORT_AXIS, [[[1, 0.25], [2, 0.5], [3, 0.75]], [[1, 0.5], [2, 1.0]]])
