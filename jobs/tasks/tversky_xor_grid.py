@@ -11,12 +11,12 @@ is exactly the layer's for (init, scale, init seed), and its loss and gradients 
 agree only up to rounding (a gradient that cancels to 0 in one summation order is ~1e-9 in another, and Adam
 makes that a full step), so a few models per hundred converge differently from `tversky.xor` runs.
 Init seeds are per cell by default (a hash of the cell's settings and the seed index): cells share no draws.
-`summarize(rows)` turns the per-model rows of all trials into convergence CSVs, heatmaps, and the paper's table
-beside ours with 95% Wilson intervals.
+`summarize(rows)` (jobs/tasks/tversky_xor_grid_summary.py) turns the per-model rows of all trials into
+convergence CSVs, heatmaps, and the paper's table beside ours with 95% Wilson intervals.
 
-Vectorisation: the M models are stacked on a leading axis and trained with batched GEMMs (`grid_similarity`,
-the batched twin of `jobs.layers.tversky.tversky_similarity`; the official layer's own forward under
-`torch.func.vmap`). A model with |Ω| < its block's bank width has zero rows in its feature bank, which are inert
+Vectorisation: the M models are stacked on a leading axis and trained with batched GEMMs (jobs/layers/tversky_grid.py:
+`grid_similarity`, the batched twin of `jobs.layers.tversky.tversky_similarity`; the official layer's own forward
+under `torch.func.vmap`). A model with |Ω| < its block's bank width has zero rows in its feature bank, which are inert
 in value (x·0 = 0 gives u = v = 0 and indicator 0, so no term of any sum changes) and in gradient (relu'(0) = 0),
 so Adam never moves them. Blocks group |Ω| < 8 at width 8 and each larger |Ω| at its own width: at 972 models one
 padded stack was 2-3x faster than one per |Ω| (per-op overhead), at 4860 per way the padding's work dominates.
@@ -27,14 +27,12 @@ Run alone: `python -m jobs run tversky.xor_grid --set intersection=product --set
 from __future__ import annotations
 
 import copy
-import csv
 import dataclasses
 import hashlib
-import io
 import itertools
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args
 
@@ -45,9 +43,7 @@ from torch import nn
 
 from jobs.config import check_fields
 from jobs.layers.tversky import (
-    DIFFERENCES,
     INITS,
-    INTERSECTIONS,
     SEMANTICS,
     Difference,
     Init,
@@ -57,16 +53,16 @@ from jobs.layers.tversky import (
     default_init_scale,
     init_tensor_,
 )
+from jobs.layers.tversky_grid import grid_similarity, official_layer, official_similarity
 from jobs.registry import Task
 from jobs.runtime import Session
-from jobs.stats import wilson_interval
+from jobs.tables import TableRows
 from jobs.tasks.tversky_xor import xor_data
+from jobs.tasks.tversky_xor_grid_summary import AXES, summarize
 
 Implementation = Literal["ours", "official"]
 SeedMode = Literal["per_cell", "common"]
 IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
-# The three ways to run the grid: the official library has only the reference semantics.
-WAYS: tuple[tuple[str, str], ...] = (("ours", "reference"), ("ours", "per_feature"), ("official", "reference"))
 
 
 @dataclass(frozen=True)
@@ -152,7 +148,6 @@ def _check_axis(name: str, values: Any, ok: Callable[[Any], bool], expected: str
 
 
 METRICS = {"convergence_rate": "max", "loss": "min"}
-AXES = ("implementation", "semantics", "features", "normalize", "prototype_init", "feature_init", "seed")
 MIN_BLOCK_WIDTH = 8  # |Ω| below this share one block padded to it: a block per |Ω| would cost more per-op overhead
 
 
@@ -183,160 +178,6 @@ def init_seed(cfg: XorGridConfig, point: dict[str, Any]) -> int:
     cell |= {k: point[k] for k in AXES}
     digest = hashlib.blake2b(json.dumps(cell, sort_keys=True).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1  # 63 bits: any int in [0, 2**64) is a valid torch seed
-
-
-# --- the batched layer
-
-
-def _gmean(ia: torch.Tensor, ib: torch.Tensor) -> torch.Tensor:
-    # As jobs/layers/tversky.py: exp of the mean log, with both logs taken on 1 where IA or IB is 0, so the
-    # forward is the library's and the backward is 0 instead of 0 * inf = NaN on XOR's [0, 0] input.
-    both = (ia > 0) & (ib > 0)
-    ia_safe = torch.where(both, ia, torch.ones_like(ia))
-    ib_safe = torch.where(both, ib, torch.ones_like(ib))
-    out = torch.exp((torch.log(ia_safe) + torch.log(ib_safe)) / 2.0)
-    return torch.where(both, out, torch.zeros_like(out))
-
-
-_REDUCE = {
-    "min": torch.minimum,
-    "max": torch.maximum,
-    "mean": lambda ia, ib: (ia + ib) / 2,
-    "gmean": _gmean,
-    "softmin": lambda ia, ib: -torch.logsumexp(-torch.stack([ia, ib], dim=0), dim=0),  # [2, M, N, P] -> [M, N, P]
-}
-
-
-def grid_similarity(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    feature_bank: torch.Tensor,
-    theta: torch.Tensor,
-    alpha: torch.Tensor,
-    beta: torch.Tensor,
-    normalize: torch.Tensor,
-    intersection: str,
-    difference: str,
-    similarity: str,
-    semantics: str = "reference",
-) -> torch.Tensor:
-    """M independent `tversky_similarity`s: x [M, N, d], y [M, P, d], bank [M, F, d], θ/α/β [M], normalize [M]
-    bool -> [M, N, P]. Each line is the batched form of the same line of jobs/layers/tversky.py; per_feature's
-    terms are `_per_feature_terms`, the batched form of jobs/layers/tversky_kernels.per_feature_terms."""
-    keep = normalize[:, None, None]  # [M, 1, 1]: normalize varies per model, so select rather than branch
-    x = torch.where(keep, F.normalize(x, dim=-1), x)
-    y = torch.where(keep, F.normalize(y, dim=-1), y)
-    bank_t = feature_bank.transpose(1, 2)  # [M, F, d] -> [M, d, F]
-    u = F.relu(x @ bank_t)  # [M, N, F]
-    v = F.relu(y @ bank_t)  # [M, P, F]
-    u_in = (u > 0).to(u.dtype)
-    v_in = (v > 0).to(v.dtype)
-    theta, alpha, beta = (t[:, None, None] for t in (theta, alpha, beta))  # [M] -> [M, 1, 1]
-
-    if intersection == "product" and difference == "ignorematch" and similarity == "contrast":
-        left = torch.cat([u, 1 - u_in], dim=2)  # [M, N, 2F]
-        right = torch.cat([theta * v - alpha * (1 - v_in), -beta * v], dim=2)  # [M, P, 2F]
-        return left @ right.transpose(1, 2)  # [M, N, P]
-
-    ia = u @ v_in.transpose(1, 2)  # [M, N, P]
-    ib = u_in @ v.transpose(1, 2)  # [M, N, P]
-    if semantics == "per_feature":
-        inter, diff_xy, diff_yx = _per_feature_terms(u, v, ia, ib, intersection, difference)
-    else:
-        diff_xy = u.sum(dim=2, keepdim=True) - ia  # [M, N, 1] - [M, N, P]
-        diff_yx = v.sum(dim=2)[:, None, :] - ib  # [M, 1, P] - [M, N, P]
-        if difference == "substractmatch":
-            diff_xy = diff_xy + F.relu(ia - ib)
-            diff_yx = diff_yx + F.relu(ib - ia)
-        inter = u @ v.transpose(1, 2) if intersection == "product" else _REDUCE[intersection](ia, ib)
-    if similarity == "contrast":
-        return theta * inter - alpha * diff_xy - beta * diff_yx
-    return inter / (inter + alpha * diff_xy + beta * diff_yx + 1)  # ratio: θ unused, as in the layer
-
-
-def _sqrt0(t: torch.Tensor) -> torch.Tensor:
-    # √t with a 0 (not inf) gradient at t = 0, as tversky_kernels._SafeSqrt: gmean of an absent feature is 0.
-    present = t > 0
-    return torch.where(present, torch.where(present, t, torch.ones_like(t)).sqrt(), torch.zeros_like(t))
-
-
-def _per_feature_terms(
-    u: torch.Tensor, v: torch.Tensor, ia: torch.Tensor, ib: torch.Tensor, intersection: str, difference: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """f(A∩B), f(A-B), f(B-A)ᵀ with the paper's per-feature Ψ: u [M, N, F], v [M, P, F] -> three [M, N, P].
-
-    The batched twin of tversky_kernels.per_feature_terms, formed on the whole [M, N, P, F] tensor: XOR's
-    N = 4, P = 2 and F <= 32 make it ~1M elements for the sweep's 4860 per_feature models, so no tiling.
-    """
-    a, b = u[:, :, None, :], v[:, None, :, :]  # [M, N, 1, F], [M, 1, P, F]
-    s_a = u.sum(dim=2, keepdim=True)  # [M, N, 1]
-    s_b = v.sum(dim=2)[:, None, :]  # [M, 1, P]
-    m = ia  # a placeholder: read only where it is computed below
-    if intersection in ("min", "max") or difference == "substractmatch":
-        m = torch.where(a < b, a, b).sum(dim=3)  # [M, N, P] Σ_k min(u_k, v_k); a tie's gradient goes to v, as there
-    if intersection == "product":
-        inter = u @ v.transpose(1, 2)
-    elif intersection == "min":
-        inter = m
-    elif intersection == "max":  # Σ_both max = Σ_both (u + v) - Σ_both min
-        inter = ia + ib - m
-    elif intersection == "mean":
-        inter = (ia + ib) / 2
-    elif intersection == "gmean":  # Σ_k √(u_k v_k) = √u · √vᵀ
-        inter = _sqrt0(u) @ _sqrt0(v).transpose(1, 2)
-    else:  # softmin per feature, masked to features present in both
-        inter = (-torch.logaddexp(-a, -b) * ((a > 0) & (b > 0))).sum(dim=3)  # [M, N, P, F] -> [M, N, P]
-    if difference == "ignorematch":
-        return inter, s_a - ia, s_b - ib
-    return inter, s_a - m, s_b - m  # Σ_k relu(u_k - v_k) = s_A - Σ_k min(u_k, v_k)
-
-
-def _official_layer(cfg: XorGridConfig) -> nn.Module:
-    """tversky==0.2.1's TverskyProjection with normalize=False (`official_similarity` normalises before it): its
-    forward, with the stack's parameters swapped in."""
-    try:
-        from tversky.nn import TverskyProjection as OfficialProjection
-    except ImportError as e:
-        raise RuntimeError(
-            "implementation=official needs the official Tversky library: pip install tversky==0.2.1 (the `test` "
-            f"extra of pyproject.toml), or drop official from implementation ({e})"
-        ) from e
-    with torch.random.fork_rng(devices=[]):  # its constructor draws U(0, 1) weights, which are never used
-        layer: nn.Module = OfficialProjection(2, 2, 1, cfg.similarity, False, cfg.intersection, cfg.difference)
-    return layer  # a 1-row bank: functional_call swaps in each block's [w, 2] bank
-
-
-def official_similarity(
-    layer: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    feature_bank: torch.Tensor,
-    theta: torch.Tensor,
-    alpha: torch.Tensor,
-    beta: torch.Tensor,
-    normalize: torch.Tensor,
-) -> torch.Tensor:
-    """M official layers: the library's own forward, vmapped over the stack (x [M, N, d], y [M, P, d], bank
-    [M, F, d], θ/α/β [M], normalize [M] bool -> [M, N, P]). Its gmean backward is NaN wherever IA or IB is 0, as
-    in the paper's runs.
-
-    normalize=True is the library's first step, `F.normalize(x, dim=1)` and the same on the prototypes, done here
-    per model before the layer (built with normalize=False), as ours does it: then one block holds both values.
-    Each official block costs ~4 ms of vmap overhead a step (12 blocks a trial made official 1.7x slower).
-    Zero bank rows (|Ω| < width) are inert here too: x·0 = 0 is not > threshold 0, so they are in no feature set.
-    """
-    keep = normalize[:, None, None]  # [M, 1, 1]
-    x = torch.where(keep, F.normalize(x, dim=-1), x)
-    y = torch.where(keep, F.normalize(y, dim=-1), y)
-
-    def one(x: torch.Tensor, y: torch.Tensor, bank: torch.Tensor, *scalars: torch.Tensor) -> torch.Tensor:
-        params = {"feature_bank.weight": bank, "prototypes.weight": y}
-        params |= dict(zip(("theta", "alpha", "beta"), scalars, strict=True))
-        out: torch.Tensor = torch.func.functional_call(layer, params, (x,))
-        return out
-
-    logits: torch.Tensor = torch.func.vmap(one)(x, y, feature_bank, theta, alpha, beta)
-    return logits
 
 
 class TverskyXorGrid(nn.Module):
@@ -374,7 +215,10 @@ class TverskyXorGrid(nn.Module):
             indices = [i for i, _ in group]
             self.blocks.append((indices[0], indices[-1] + 1, *key))
         # object.__setattr__: not nn.Module's, which would register the layer and its unused U(0, 1) parameters.
-        object.__setattr__(self, "official", _official_layer(cfg) if "official" in cfg.implementation else None)
+        official = None
+        if "official" in cfg.implementation:
+            official = official_layer(cfg.similarity, cfg.intersection, cfg.difference)
+        object.__setattr__(self, "official", official)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -526,18 +370,10 @@ def train(cfg: XorGridConfig, session: Session) -> None:
             report(step)
 
 
-class GridRows(list):  # type: ignore[type-arg]
-    """The final report's per-model rows: a plain list to JSON, pickle and `table_rows`, but a short repr, because
-    Tune's TensorBoard logger warns about a non-numeric metric by printing its value (~250 kB for 972 rows)."""
-
-    def __repr__(self) -> str:
-        return f"<{len(self)} rows>"
-
-
 def _rows(
     cfg: XorGridConfig, converged: torch.Tensor, loss: torch.Tensor, accuracy: torch.Tensor, failed: torch.Tensor
-) -> GridRows:
-    rows = GridRows()
+) -> TableRows:
+    rows = TableRows()
     for i, point in enumerate(grid_points(cfg)):
         final_loss = float(loss[i])
         rows.append(
@@ -553,270 +389,6 @@ def _rows(
             }
         )
     return rows
-
-
-# --- summary artifacts (called by the worker with the rows of every trial)
-
-SUMMARY_COLUMNS = ("runs", "converged", "failed", "rate")
-PAPER_COLUMNS = ("runs", "converged", "nan", "rate", "ci_low", "ci_high", "paper")
-ROW_COLUMNS = (
-    "intersection", "difference", "similarity", *AXES, "init_seed", "converged", "failed_step", "final_loss",
-    "final_accuracy",
-)  # fmt: skip
-WAY_KEYS = ("implementation", "semantics")
-# The paper's appendix table as verskyt quotes it (tversky.md §3.1); its other (Ψ, difference) pairs are not quoted.
-# It gives no rate per |Ω|, only that 16 converges best.
-PAPER_RATES: dict[tuple[str, str], float] = {
-    ("product", "substractmatch"): 0.53, ("mean", "substractmatch"): 0.51, ("max", "ignorematch"): 0.47,
-    ("max", "substractmatch"): 0.44, ("softmin", "substractmatch"): 0.42, ("min", "ignorematch"): 0.42,
-    ("gmean", "ignorematch"): 0.00, ("gmean", "substractmatch"): 0.00,
-}  # fmt: skip
-
-
-def _order(values: Iterable[Any], canonical: tuple[Any, ...] = ()) -> list[Any]:
-    present = set(values)
-    return [v for v in canonical if v in present] + sorted(present - set(canonical), key=str)
-
-
-def _tally(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[tuple[Any, ...], list[int]]:
-    """key -> [runs, converged, failed]; failed = the loss or a gradient went non-finite (NaN), never converged."""
-    counts: dict[tuple[Any, ...], list[int]] = {}
-    for r in rows:
-        c = counts.setdefault(tuple(r[k] for k in keys), [0, 0, 0])
-        c[0] += 1
-        c[1] += bool(r["converged"])
-        c[2] += r["failed_step"] is not None
-    return counts
-
-
-def _csv(keys: tuple[str, ...], counts: dict[tuple[Any, ...], list[int]], order: list[tuple[Any, ...]]) -> bytes:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow([*keys, *SUMMARY_COLUMNS])
-    for key in order:
-        if key in counts:
-            runs, conv, fail = counts[key]
-            w.writerow([*key, runs, conv, fail, f"{conv / runs:.4f}"])
-    return buf.getvalue().encode()
-
-
-def _heatmap(rates: list[list[float]], rows: list[str], cols: list[str], xlabel: str, ylabel: str, title: str) -> bytes:
-    from matplotlib.figure import Figure  # no pyplot: no global figure state, safe in a worker thread
-
-    width = max(5.0, 2.5 + 0.11 * max(map(len, rows)) + 0.1 * sum(max(4, len(c)) for c in cols))  # inches
-    fig = Figure(figsize=(width, max(3.0, 1.3 + 0.4 * len(rows))), layout="constrained")
-    ax = fig.add_subplot()
-    image = ax.imshow(rates, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
-    for (i, j), rate in ((ij, rates[ij[0]][ij[1]]) for ij in itertools.product(range(len(rows)), range(len(cols)))):
-        if not math.isnan(rate):
-            ax.text(j, i, f"{rate:.2f}", ha="center", va="center", color="white" if rate < 0.6 else "black")
-    ax.set_xticks(range(len(cols)), cols)
-    ax.set_yticks(range(len(rows)), rows)
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    fig.colorbar(image, ax=ax, label="convergence rate")
-    return _png(fig)
-
-
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()
-
-
-def _interval_rows(
-    keys: tuple[str, ...],
-    counts: dict[tuple[Any, ...], list[int]],
-    order: list[tuple[Any, ...]],
-    paper: Callable[[tuple[Any, ...]], float | None],
-) -> list[dict[str, Any]]:
-    """One dict per key present: its counts, rate, 95% Wilson interval and the paper's rate (None: not given)."""
-    out = []
-    for key in order:
-        if key not in counts:
-            continue
-        runs, conv, nan = counts[key]
-        low, high = wilson_interval(conv, runs)
-        out.append({**dict(zip(keys, key, strict=True)), "runs": runs, "converged": conv, "nan": nan,
-                    "rate": conv / runs, "ci_low": low, "ci_high": high, "paper": paper(key)})  # fmt: skip
-    return out
-
-
-def _interval_csv(keys: tuple[str, ...], table: list[dict[str, Any]]) -> bytes:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow([*keys, *PAPER_COLUMNS])
-    for r in table:
-        paper = "" if r["paper"] is None else f"{r['paper']:.2f}"
-        w.writerow([*(r[k] for k in keys), r["runs"], r["converged"], r["nan"], *(f"{r[k]:.4f}" for k in
-                    ("rate", "ci_low", "ci_high")), paper])  # fmt: skip
-    return buf.getvalue().encode()
-
-
-def _cell(r: dict[str, Any] | None) -> str:
-    if r is None:
-        return "—"
-    nan = f", NaN {r['nan']}/{r['runs']}" if r["nan"] else ""
-    return f"{r['rate']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]{nan}"
-
-
-def _paper_markdown(
-    ways_: list[tuple[str, str]], by_pair: list[dict[str, Any]], by_features: list[dict[str, Any]], steps: Any
-) -> bytes:
-    def find(table: list[dict[str, Any]], way: tuple[str, str], **key: Any) -> dict[str, Any] | None:
-        match = [r for r in table if (r["implementation"], r["semantics"]) == way and key.items() <= r.items()]
-        return match[0] if match else None
-
-    head = "| paper | " + " | ".join(f"{i}/{s}" for i, s in ways_) + " |"
-    rule = "|---|---:|" + "---|" * len(ways_)
-    runs = sorted({r["runs"] for r in by_pair})
-    lines = [
-        "# XOR convergence beside the paper",
-        "",
-        f"Rate of converged runs (100% accuracy after {steps} full-batch Adam steps, every loss and gradient "
-        "finite) with its 95% Wilson interval. A run whose loss or a gradient went non-finite (NaN) is not "
-        "converged: `NaN k/n` counts them. ours = jobs/layers/tversky.py, whose gmean gradient is 0 where the "
-        "library's is NaN; official = the tversky==0.2.1 package's TverskyProjection, NaN included, as the paper "
-        "ran it. The paper's rates are its appendix table as verskyt quotes it (tversky.md §3.1); it gives no rate "
-        "per |Ω|, only that 16 converges best.",
-        "",
-        f"## By Ψ and difference ({' or '.join(map(str, runs))} runs a cell)",
-        "",
-        f"| Ψ + difference {head}",
-        rule,
-    ]
-    for inter, diff in dict.fromkeys((r["intersection"], r["difference"]) for r in by_pair):
-        paper = PAPER_RATES.get((inter, diff))
-        cells = [_cell(find(by_pair, w, intersection=inter, difference=diff)) for w in ways_]
-        lines.append(f"| {inter} + {diff} | {'—' if paper is None else f'{paper:.2f}'} | {' | '.join(cells)} |")
-    lines += ["", "## By |Ω| (every Ψ and difference)", "", f"| \\|Ω\\| {head}", rule]
-    for f in dict.fromkeys(r["features"] for r in by_features):
-        cells = [_cell(find(by_features, w, features=f)) for w in ways_]
-        lines.append(f"| {f} | {'best' if f == 16 else '—'} | {' | '.join(cells)} |")
-    return ("\n".join(lines) + "\n").encode()
-
-
-def _paper_figure(
-    ways_: list[tuple[str, str]], by_pair: list[dict[str, Any]], by_features: list[dict[str, Any]]
-) -> bytes:
-    from matplotlib.figure import Figure
-
-    pairs = list(dict.fromkeys((r["intersection"], r["difference"]) for r in by_pair))
-    sizes = list(dict.fromkeys(r["features"] for r in by_features))
-    fig = Figure(figsize=(13.0, max(4.0, 0.45 * len(pairs) + 1.5)), layout="constrained")
-    left, right = fig.subplots(1, 2, width_ratios=(3, 2))
-    width = 0.8 / len(ways_)
-    for k, way in enumerate(ways_):
-        offset = (k - (len(ways_) - 1) / 2) * width
-        for ax, table, keys, positions in (
-            (left, by_pair, ("intersection", "difference"), pairs),
-            (right, by_features, ("features",), [(size,) for size in sizes]),
-        ):
-            mine = {tuple(r[c] for c in keys): r for r in table if (r["implementation"], r["semantics"]) == way}
-            at_ = [(i + offset, mine[p]) for i, p in enumerate(positions) if p in mine]
-            rates = [r["rate"] for _, r in at_]
-            errors = [[r["rate"] - r["ci_low"] for _, r in at_], [r["ci_high"] - r["rate"] for _, r in at_]]
-            if ax is left:
-                ax.errorbar(rates, [p for p, _ in at_], xerr=errors, fmt="o", capsize=3, label=f"{way[0]}/{way[1]}")
-            else:
-                ax.errorbar([p for p, _ in at_], rates, yerr=errors, fmt="o", capsize=3, label=f"{way[0]}/{way[1]}")
-    papers = [(i, PAPER_RATES[p]) for i, p in enumerate(pairs) if p in PAPER_RATES]
-    if papers:
-        left.scatter([r for _, r in papers], [i for i, _ in papers], marker="x", color="black", s=60, label="paper")
-    left.set_yticks(range(len(pairs)), [f"{i} + {d}" for i, d in pairs])
-    left.invert_yaxis()
-    left.set(
-        xlim=(-0.02, 1), xlabel="convergence rate (95% Wilson interval)", title="XOR convergence by Ψ + difference"
-    )
-    left.legend(loc="lower right", fontsize="small")
-    right.set_xticks(range(len(sizes)), [str(s) for s in sizes])
-    right.set(ylim=(-0.02, 1), xlabel="|Ω|", ylabel="convergence rate", title="by |Ω| (the paper: 16 best, no rates)")
-    return _png(fig)
-
-
-def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
-    """Per-model rows of every trial (each trial's final `table`) -> artifact file name -> bytes.
-
-    paper_psi_difference.csv and paper_features.csv: per way (implementation, semantics) and (Ψ, difference) or
-    |Ω|, runs, converged, nan (went non-finite, so not converged), rate, its 95% Wilson interval and the paper's
-    rate; paper_comparison.md is both as tables beside the paper's column, paper_comparison.png as error bars.
-    convergence_<by>.csv holds runs, converged, failed (non-finite) and rate per way and value of the axis;
-    convergence_<by>.png is its heatmap: Ψ x difference, prototype x feature init, and for |Ω| and normalize
-    one row per (Ψ, difference) plus an `all` row (the CSV's marginal), each per way. runs.csv holds every row.
-    """
-    if not rows:
-        raise ValueError("summarize: got no rows; pass the `table` metric of each finished trial, concatenated")
-    required = ("intersection", "difference", *AXES[2:], "converged", "failed_step")
-    missing = [k for k in required if k not in rows[0]]
-    if missing:
-        raise ValueError(f"summarize: rows lack {', '.join(missing)}; expected the `table` rows of tversky.xor_grid")
-    rows = [{"implementation": "ours", "semantics": "reference", **r} for r in rows]  # rows from before the ways
-    order = {
-        "intersection": _order((r["intersection"] for r in rows), INTERSECTIONS),
-        "difference": _order((r["difference"] for r in rows), DIFFERENCES),
-        "prototype_init": _order((r["prototype_init"] for r in rows), INITS),
-        "feature_init": _order((r["feature_init"] for r in rows), INITS),
-        "features": sorted({r["features"] for r in rows}),
-        "normalize": _order((r["normalize"] for r in rows), (False, True)),
-    }
-    ways_ = _order(((r["implementation"], r["semantics"]) for r in rows), WAYS)
-    files: dict[str, bytes] = {}
-
-    def label(way: tuple[str, str], text: str) -> str:  # the way only when there is more than one
-        return text if len(ways_) == 1 else f"{way[0]}/{way[1]}: {text}"
-
-    def rate(counts: dict[tuple[Any, ...], list[int]], key: tuple[Any, ...]) -> float:
-        return counts[key][1] / counts[key][0] if key in counts else math.nan
-
-    def table(name: str, keys: tuple[str, ...]) -> dict[tuple[Any, ...], list[int]]:
-        counts = _tally(rows, (*WAY_KEYS, *keys))
-        keyed = [(*way, *rest) for way in ways_ for rest in itertools.product(*(order[k] for k in keys))]
-        files[f"convergence_{name}.csv"] = _csv((*WAY_KEYS, *keys), counts, keyed)
-        return counts
-
-    by_pair = table("psi_difference", ("intersection", "difference"))
-    grid = [[rate(by_pair, (*w, i, d)) for d in order["difference"]] for w in ways_ for i in order["intersection"]]
-    labels = [label(w, i) for w in ways_ for i in order["intersection"]]
-    files["convergence_psi_difference.png"] = _heatmap(
-        grid, labels, order["difference"], "difference", "Ψ", "XOR convergence by Ψ and difference"
-    )
-    c = table("init", ("prototype_init", "feature_init"))
-    grid = [[rate(c, (*w, p, f)) for f in order["feature_init"]] for w in ways_ for p in order["prototype_init"]]
-    labels = [label(w, p) for w in ways_ for p in order["prototype_init"]]
-    files["convergence_init.png"] = _heatmap(
-        grid, labels, order["feature_init"], "feature init", "prototype init", "XOR convergence by init"
-    )
-    pairs = list(itertools.product(order["intersection"], order["difference"]))
-    for name, axis, title in (("features", "features", "|Ω|"), ("normalize", "normalize", "normalize")):
-        marginal = table(name, (axis,))
-        by_axis = _tally(rows, (*WAY_KEYS, "intersection", "difference", axis))
-        grid, labels = [], []
-        for w in ways_:
-            grid += [[rate(by_axis, (*w, *pair, v)) for v in order[axis]] for pair in pairs]
-            grid.append([rate(marginal, (*w, v)) for v in order[axis]])
-            labels += [label(w, f"{i} + {d}") for i, d in pairs] + [label(w, "all")]
-        files[f"convergence_{name}.png"] = _heatmap(
-            grid, labels, [str(v) for v in order[axis]], title, "Ψ + difference", f"XOR convergence by {title}"
-        )
-
-    # --- beside the paper: rates with 95% Wilson intervals
-    pair_keys = (*WAY_KEYS, "intersection", "difference")
-    keyed = [(*w, *pair) for w in ways_ for pair in pairs]
-    paper_pairs = _interval_rows(pair_keys, by_pair, keyed, lambda key: PAPER_RATES.get(key[2:]))
-    feature_keys = (*WAY_KEYS, "features")
-    keyed = [(*w, f) for w in ways_ for f in order["features"]]
-    paper_features = _interval_rows(feature_keys, _tally(rows, feature_keys), keyed, lambda key: None)
-    files["paper_psi_difference.csv"] = _interval_csv(pair_keys, paper_pairs)
-    files["paper_features.csv"] = _interval_csv(feature_keys, paper_features)
-    steps = _order(r.get("steps", "the trial's") for r in rows)  # `steps` is merged in from the trial config
-    files["paper_comparison.md"] = _paper_markdown(ways_, paper_pairs, paper_features, "/".join(map(str, steps)))
-    files["paper_comparison.png"] = _paper_figure(ways_, paper_pairs, paper_features)
-
-    buf = io.StringIO()  # the rows' own columns: keys merged in from the trial config are in trials.csv already
-    writer = csv.DictWriter(buf, fieldnames=ROW_COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    files["runs.csv"] = buf.getvalue().encode()
-    return files
 
 
 TASK = Task(

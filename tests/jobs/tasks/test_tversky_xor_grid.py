@@ -1,5 +1,5 @@
-"""jobs/tasks/tversky_xor_grid.py: the batched layer against TverskyProjection, real optimisation, isolation of a
-non-finite model, resume, and the summary artifacts."""
+"""jobs/tasks/tversky_xor_grid.py, jobs/layers/tversky_grid.py and tversky_xor_grid_summary.py: the batched layer
+against TverskyProjection, real optimisation, isolation of a non-finite model, resume, and the summary artifacts."""
 
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ import tversky.nn as ref_nn
 from pydantic import TypeAdapter, ValidationError
 
 from jobs.config import field_docs
+from jobs.layers import tversky_grid
 from jobs.layers.tversky import DIFFERENCES, INTERSECTIONS, SIMILARITIES, TverskyProjection
+from jobs.layers.tversky_grid import REDUCE
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
 from jobs.stats import wilson_interval
 from jobs.tasks import tversky_xor, tversky_xor_grid
 from jobs.tasks.tversky_xor_grid import (
-    _REDUCE,
     TASK,
-    WAYS,
     XorGridConfig,
     build_model,
     grid_points,
@@ -36,6 +36,7 @@ from jobs.tasks.tversky_xor_grid import (
     train,
     ways,
 )
+from jobs.tasks.tversky_xor_grid_summary import WAYS
 
 REPO = Path(__file__).resolve().parents[3]
 PARAMS = ("feature_bank", "prototypes", "theta", "alpha", "beta")
@@ -48,7 +49,7 @@ def test_registered() -> None:
     assert TASK.summarize is summarize
     assert TASK.example_input(TINY).shape == (4, 2)
     assert type(build_model(TINY)).__module__ == "jobs.tasks.tversky_xor_grid"  # loads with only `jobs` importable
-    assert set(INTERSECTIONS) == set(_REDUCE) | {"product"}, "a Ψ of the layer has no batched reduction"
+    assert set(INTERSECTIONS) == set(REDUCE) | {"product"}, "a Ψ of the layer has no batched reduction"
 
 
 def test_config_defaults_are_the_papers_grid() -> None:
@@ -202,7 +203,7 @@ def test_tiny_run_takes_optimizer_steps() -> None:
         # θ's gradient is Σ f(A∩B) ∂L/∂S: a model whose inputs and prototypes share no feature at init gets none.
         m = TINY.models
         ones, zeros = torch.ones(m), torch.zeros(m)
-        inter = tversky_xor_grid.grid_similarity(
+        inter = tversky_grid.grid_similarity(
             x.expand(m, 4, 2), initial.prototypes, initial.feature_bank, ones, zeros, zeros, initial.normalize,
             TINY.intersection, TINY.difference, TINY.similarity,
         )  # fmt: skip
