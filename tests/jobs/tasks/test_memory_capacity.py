@@ -1,5 +1,5 @@
 """jobs/tasks/memory_capacity.py: config, the recall / capacity definitions, real optimisation of every stacked
-memory, independence of the stacked memories, resume, and the summary artifacts."""
+memory, independence of the stacked memories and the summary artifacts (resume: test_resume.py)."""
 
 from __future__ import annotations
 
@@ -162,34 +162,6 @@ def test_a_longer_run_stores_a_light_load_exactly() -> None:
     classes = dataclasses.replace(cfg, values="classes", classes=4)
     final = _run(classes).history[-1]
     assert final["capacity"] >= 8 and final["bits_per_param"] == final["capacity"] * 2 / (8 * 8 + 8 + 8 * 4)
-
-
-class _Crash(Exception):
-    pass
-
-
-class CrashingSession(LocalSession):
-    def __init__(self, crash_at: int) -> None:
-        super().__init__(quiet=True)
-        self.crash_at = crash_at
-
-    def report(self, metrics: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> None:
-        super().report(metrics, checkpoint)
-        if metrics["step"] >= self.crash_at:
-            raise _Crash
-
-
-def test_resume_continues_and_matches_an_uninterrupted_run() -> None:
-    crashed = CrashingSession(crash_at=20)
-    with pytest.raises(_Crash):
-        train(TINY, crashed)
-    resumed = _run(TINY, checkpoint=crashed.last_checkpoint)
-    full = _run(TINY)
-    assert [h["step"] for h in resumed.history] == [30]
-    assert resumed.history == full.history[2:]
-    assert resumed.last_checkpoint is not None and full.last_checkpoint is not None
-    for name, value in full.last_checkpoint["model"].items():
-        assert torch.equal(value, resumed.last_checkpoint["model"][name]), f"{name} differs after resume"
 
 
 def _fake_rows() -> list[dict[str, Any]]:

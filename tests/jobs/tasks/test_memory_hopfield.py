@@ -1,5 +1,5 @@
 """jobs/tasks/memory_hopfield.py: config, queries, retrieval that really updates the states, the capacity
-definitions, resume after a crash, and the summary artifacts."""
+definitions and the summary artifacts (resume after a crash: test_resume.py)."""
 
 from __future__ import annotations
 
@@ -111,33 +111,6 @@ def test_tiny_run_retrieves_and_reports_a_curve(rule: str) -> None:
     reloaded = build_model(cfg)
     reloaded.load_state_dict(ckpt["model"])
     assert torch.equal(reloaded.patterns, make_patterns(cfg))
-
-
-class _Crash(Exception):
-    pass
-
-
-class CrashingSession(LocalSession):
-    def __init__(self, crash_at: int) -> None:
-        super().__init__(quiet=True)
-        self.crash_at = crash_at
-
-    def report(self, metrics: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> None:
-        super().report(metrics, checkpoint)
-        if metrics["step"] >= self.crash_at:
-            raise _Crash
-
-
-def test_resume_measures_only_the_loads_left_and_matches_an_uninterrupted_run() -> None:
-    cfg = dataclasses.replace(TINY, rule="dense", checkpoint_every=2)
-    crashed = CrashingSession(crash_at=3)  # its last checkpoint is the one after load 2
-    with pytest.raises(_Crash):
-        train(cfg, crashed)
-    assert crashed.last_checkpoint is not None and crashed.last_checkpoint["step"] == 2
-    resumed = _run(cfg, checkpoint=crashed.last_checkpoint)
-    full = _run(cfg)
-    assert [h["step"] for h in resumed.history] == [3, 4]
-    assert resumed.history == full.history[2:]
 
 
 def _fake_rows() -> list[dict[str, Any]]:

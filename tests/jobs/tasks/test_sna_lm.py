@@ -1,4 +1,4 @@
-"""jobs/tasks/sna_lm.py: the character corpus, the two models, a tiny run that learns, resume after a crash."""
+"""jobs/tasks/sna_lm.py: the character corpus, the two models, a tiny run that learns (resume: test_resume.py)."""
 
 from __future__ import annotations
 
@@ -92,31 +92,6 @@ def test_tiny_run_learns_characters(attention: str) -> None:
     ckpt = session.last_checkpoint
     assert ckpt is not None and set(ckpt) == {"model", "optimizer", "step", "config", "alphabet"}
     build_model(cfg).load_state_dict(ckpt["model"])
-
-
-class _Crash(Exception):
-    pass
-
-
-class CrashingSession(LocalSession):
-    def report(self, metrics: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> None:
-        super().report(metrics, checkpoint)
-        raise _Crash
-
-
-def test_resume_continues_where_the_checkpoint_left_off() -> None:
-    crashed = CrashingSession(quiet=True)
-    with pytest.raises(_Crash):
-        train(TINY, crashed)
-    assert crashed.last_checkpoint is not None and crashed.last_checkpoint["step"] == 15
-    resumed = _run(TINY, checkpoint=crashed.last_checkpoint)
-    full = _run(TINY)
-    assert [h["step"] for h in resumed.history] == [30]
-
-    def strip(h: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in h.items() if k != "tokens_per_s"}
-
-    assert strip(resumed.history[0]) == strip(full.history[1])
 
 
 @pytest.mark.parametrize("path,trials", [("sweeps/sna_lm.yaml", 30), ("sweeps/gpu/sna_lm.yaml", 8)])

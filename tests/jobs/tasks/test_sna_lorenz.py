@@ -1,5 +1,5 @@
 """jobs/tasks/sna_lorenz.py: the integrator and the Lyapunov estimate against independent references, the VPT
-definition, a tiny run that really trains, resume after a crash, and the sweep summary."""
+definition, a tiny run that really trains and the sweep summary (resume: test_resume.py)."""
 
 from __future__ import annotations
 
@@ -182,31 +182,6 @@ def test_tiny_run_trains_and_reports(model: str, basis: str) -> None:
     changed = [k for k, v in fresh.net.state_dict().items() if not torch.equal(v, untrained.net.state_dict()[k])]
     assert changed, "no parameter moved"
     assert fresh.std.min() > 1 and fresh.step_scale.max() < fresh.std.min()  # normalisation came from the data
-
-
-class _Crash(Exception):
-    pass
-
-
-class CrashingSession(LocalSession):
-    def report(self, metrics: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> None:
-        super().report(metrics, checkpoint)
-        raise _Crash
-
-
-def test_resume_continues_where_the_checkpoint_left_off() -> None:
-    crashed = CrashingSession(quiet=True)
-    with pytest.raises(_Crash):
-        train(TINY, crashed)
-    assert crashed.last_checkpoint is not None and crashed.last_checkpoint["step"] == 20
-    resumed = _run(TINY, checkpoint=crashed.last_checkpoint)
-    full = _run(TINY)
-    assert [h["step"] for h in resumed.history] == [40]
-
-    def strip(h: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in h.items() if k not in TIMING}
-
-    assert strip(resumed.history[0]) == strip(full.history[1])
 
 
 def _fake_rows() -> list[dict[str, Any]]:
