@@ -4,6 +4,9 @@ The paper compares a linear head with a `TverskyProjection` head on a ResNet-50.
 backbone and the head as separate children (`backbone.*`, `head.*` in the state dict) so the head can be
 swapped, counted, frozen apart and inspected (its Tversky prototypes) without touching the backbone.
 
+`create_backbone("none", ...)` is no network at all: the head reads the flattened pixels, so its parameters live in
+input space and can be drawn as images (the paper's prototype pictures beside a linear layer's weights).
+
 The ResNet is torchvision's (`weights=None`: nothing is downloaded) with two changes:
 - `conv1` takes `in_channels` (1 for grey-scale digits) instead of 3;
 - `stem="small"` replaces the 7x7/2 conv + 3x3/2 max-pool with a 3x3/1 conv and no pool, as He et al. (2016) §4.2
@@ -19,18 +22,27 @@ from typing import Literal, get_args
 import torch
 from torch import nn
 
-Backbone = Literal["resnet18", "resnet50"]
+Backbone = Literal["resnet18", "resnet50", "none"]
 Stem = Literal["imagenet", "small"]
 BACKBONES: tuple[str, ...] = get_args(Backbone)
 STEMS: tuple[str, ...] = get_args(Stem)
+
+
+def create_backbone(
+    name: str, in_channels: int = 1, stem: str = "imagenet", image_size: int = 32
+) -> tuple[nn.Module, int]:
+    """`create_resnet`, or for name "none" a flatten ([B, C, S, S] -> [B, C·S·S]): (module, D)."""
+    if name == "none":
+        return nn.Flatten(), in_channels * image_size * image_size
+    return create_resnet(name, in_channels, stem)
 
 
 def create_resnet(name: str, in_channels: int = 1, stem: str = "imagenet") -> tuple[nn.Module, int]:
     """A torchvision ResNet without its classifier (`fc` is Identity): (module [B, C, H, W] -> [B, D], D)."""
     from torchvision import models
 
-    if name not in BACKBONES:
-        raise ValueError(f"unknown backbone {name!r}; known: {', '.join(BACKBONES)}")
+    if name not in BACKBONES or name == "none":
+        raise ValueError(f"unknown ResNet {name!r}; known: resnet18, resnet50")
     if stem not in STEMS:
         raise ValueError(f"unknown stem {stem!r}; known: {', '.join(STEMS)}")
     net = getattr(models, name)(weights=None)
@@ -47,24 +59,42 @@ def create_resnet(name: str, in_channels: int = 1, stem: str = "imagenet") -> tu
 
 
 class ImageClassifier(nn.Module):
-    """forward(images [B, C, H, W] in [0, 1]) -> logits [B, classes] = head(backbone((images - mean) / std))."""
+    """forward(images [B, C, H, W] in [0, 1]) -> logits [B, classes] = head(backbone((images - mean) / std)).
+
+    freeze_backbone: the backbone's weights get no gradient. freeze_statistics (with it): its BatchNorm layers stay
+    in eval mode when the model trains, so the running statistics are the ones it came with (a backbone trained in a
+    first stage, as an ImageNet one is frozen); without it they keep adapting, which a *random* backbone needs: a
+    random ResNet's BN in eval mode (running mean 0, var 1) is the identity, so activations grow block after block.
+    """
 
     def __init__(
-        self, backbone: nn.Module, head: nn.Module, mean: float = 0.0, std: float = 1.0, freeze_backbone: bool = False
+        self,
+        backbone: nn.Module,
+        head: nn.Module,
+        mean: float = 0.0,
+        std: float = 1.0,
+        freeze_backbone: bool = False,
+        freeze_statistics: bool = False,
     ) -> None:
         super().__init__()
         if not std > 0:
             raise ValueError(f"std: must be > 0, got {std!r}")
+        if freeze_statistics and not freeze_backbone:
+            raise ValueError("freeze_statistics: needs freeze_backbone (a trained backbone keeps its BN statistics)")
         self.backbone = backbone
         self.head = head
         self.register_buffer("mean", torch.tensor(float(mean)))
         self.register_buffer("std", torch.tensor(float(std)))
         self.freeze_backbone = freeze_backbone
+        self.freeze_statistics = freeze_statistics
         if freeze_backbone:
-            # Only the weights are frozen. BatchNorm keeps normalising with batch statistics in training and
-            # updating its running ones: with weights=None the backbone is random, and a random ResNet's BN in
-            # eval mode (running mean 0, var 1) is the identity, so activations grow block after block.
             self.backbone.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> ImageClassifier:
+        super().train(mode)
+        if self.freeze_statistics:
+            self.backbone.eval()
+        return self
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
         """[B, C, H, W] in [0, 1] -> [B, D] pooled backbone features (the head's input)."""
@@ -74,7 +104,7 @@ class ImageClassifier(nn.Module):
         return self.head(self.features(images))
 
     def extra_repr(self) -> str:
-        return f"freeze_backbone={self.freeze_backbone}"
+        return f"freeze_backbone={self.freeze_backbone}, freeze_statistics={self.freeze_statistics}"
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -9,6 +9,12 @@ stem). Protocol (ours): Adam or AdamW, cross-entropy, optional per-epoch cosine 
 epoch reports test accuracy on the fixed test split and checkpoints. `prototype_pictures` draws, for each
 prototype of a Tversky head, the images most similar to it.
 
+The paper's frozen-backbone rows start from an ImageNet ResNet-50; none can be downloaded here. `pretrain_epochs`
+adds a first stage: the backbone is trained with a linear head (on labels < `pretrain_classes`: 10 = the same
+task, 5 = another one), cached, and then frozen (weights and BatchNorm statistics) while this trial's head trains
+from its own fresh init: the linear and the Tversky trial of a seed start from the same backbone. `backbone: none`
+puts the head on the pixels, whose weights the run draws in input space (jobs/tasks/tversky_image_summary.py).
+
 Runs as one process or as a Ray Train job: the forward goes through `session.prepare_model` (DDP there) and
 each rank trains on its own shard of every epoch (jobs/data/sharding.py); `batch_size` is per rank.
 
@@ -19,9 +25,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import fcntl
+import hashlib
+import json
 import math
+import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import annotated_types as at
 import torch
@@ -33,11 +46,12 @@ from jobs.config import check_fields
 from jobs.data.images import NORMALIZATION, NUM_CLASSES, ImageDataset, ImageSplits, load_images, resize
 from jobs.data.paths import DataPath
 from jobs.data.sharding import shard_indices
-from jobs.layers.image_heads import Backbone, ImageClassifier, Stem, count_parameters, create_resnet
+from jobs.layers.image_heads import Backbone, ImageClassifier, Stem, count_parameters, create_backbone
 from jobs.layers.tversky import Difference, Init, Intersection, Semantics, SimilarityModel, TverskyProjection
 from jobs.registry import Task
 from jobs.runtime import Session
-from jobs.tables import png_bytes
+from jobs.tables import TableRows, png_bytes
+from jobs.tasks.tversky_image_summary import summarize, trial_pictures, trial_row
 
 EVAL_BATCH = 512
 
@@ -57,11 +71,22 @@ class ImageConfig:
     image_size: Annotated[int, at.Ge(8)] = 32
     """Images are resized (bilinear) to image_size x image_size before the backbone."""
     backbone: Backbone = "resnet18"
-    """torchvision ResNet body, randomly initialised (weights=None): resnet18 (512-d) or resnet50 (2048-d)."""
+    """torchvision ResNet body, randomly initialised (weights=None): resnet18 (512-d) or resnet50 (2048-d); none:
+    the head reads the flattened pixels (D = image_size²), so its weights are pictures in input space."""
     stem: Stem = "imagenet"
     """imagenet: torchvision's 7x7/2 conv + max-pool; small: 3x3/1 conv, no pool (CIFAR ResNets; 16x the FLOPs)."""
     freeze_backbone: bool = False
-    """Train only the head; the random backbone's BatchNorm statistics still adapt (jobs/layers/image_heads.py)."""
+    """Train only the head. On a backbone from stage one (pretrain_epochs > 0) its BatchNorm statistics are frozen
+    too; on a random one they still adapt (jobs/layers/image_heads.py)."""
+    pretrain_epochs: Annotated[int, at.Ge(0)] = 0
+    """Stage one (0: none): first train the backbone with a linear head for this many epochs on pretrain_dataset's
+    labels < pretrain_classes, then build this trial's head afresh on it. Cached under data_dir per (backbone,
+    stage-one settings, seed): the linear and the Tversky trial of a seed start from the same backbone."""
+    pretrain_dataset: ImageDataset | None = None
+    """Stage one's data set; None = `dataset`."""
+    pretrain_classes: Annotated[int, at.Ge(2), at.Le(10)] = 10
+    """Stage one trains on labels 0 .. pretrain_classes-1: 10 = the same task; 5 = another task (digits 0-4), a
+    stand-in for the paper's ImageNet backbone, which never saw the target classes."""
     head: Literal["linear", "tversky"] = "tversky"
     """linear: nn.Linear(D, classes); tversky: TverskyProjection(D, classes), one prototype per class."""
     features: Annotated[int, at.Gt(0)] = 64
@@ -102,13 +127,15 @@ class ImageConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.pretrain_epochs and self.backbone == "none":
+            raise ValueError("pretrain_epochs: backbone none has nothing to train in stage one; set it to 0")
 
 
 METRICS = {"test/accuracy": "max", "test/loss": "min", "train/loss": "min"}
 
 
 def build_model(cfg: ImageConfig) -> ImageClassifier:
-    backbone, feat_dim = create_resnet(cfg.backbone, in_channels=1, stem=cfg.stem)
+    backbone, feat_dim = create_backbone(cfg.backbone, in_channels=1, stem=cfg.stem, image_size=cfg.image_size)
     classes = NUM_CLASSES[cfg.dataset]
     head: nn.Module
     if cfg.head == "linear":
@@ -128,7 +155,10 @@ def build_model(cfg: ImageConfig) -> ImageClassifier:
             semantics=cfg.semantics,
         )
     mean, std = NORMALIZATION[cfg.dataset]
-    return ImageClassifier(backbone, head, mean=mean, std=std, freeze_backbone=cfg.freeze_backbone)
+    frozen_stats = cfg.freeze_backbone and cfg.pretrain_epochs > 0
+    return ImageClassifier(
+        backbone, head, mean=mean, std=std, freeze_backbone=cfg.freeze_backbone, freeze_statistics=frozen_stats
+    )
 
 
 def example_input(cfg: ImageConfig) -> torch.Tensor:
@@ -182,17 +212,141 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, image
     return loss_sum / len(labels), correct / len(labels)
 
 
+def _train_epoch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    cfg: ImageConfig,
+    epoch: int,
+    session: Session | None = None,
+    extra_loss: Callable[[], torch.Tensor] | None = None,
+) -> tuple[float, int, bool]:
+    """One pass over this rank's shard: (loss sum, images seen, finite). A non-finite loss stops it before a step."""
+    rank, world = (session.world_rank, session.world_size) if session is not None else (0, 1)
+    model.train()
+    order = shard_indices(len(labels), seed=cfg.seed, epoch=epoch, rank=rank, world_size=world).to(labels.device)
+    loss_sum, seen = 0.0, 0
+    for i in range(0, len(order), cfg.batch_size):
+        idx = order[i : i + cfg.batch_size]
+        if len(idx) == 1 and i > 0:
+            # BatchNorm cannot normalise a single image (1 value per channel at layer4's 1x1 maps): skip a
+            # last batch of one. Every rank's shard has the same length, so all ranks skip it together.
+            break
+        x = resize(images[idx], cfg.image_size)  # [b, 1, h, w] -> [b, 1, S, S]
+        loss = F.cross_entropy(model(x), labels[idx])
+        if extra_loss is not None:
+            loss = loss + extra_loss()
+        finite = _finite_on_all_ranks(loss, session) if session is not None else bool(torch.isfinite(loss))
+        if not finite:
+            # One inf/NaN step would poison Adam's moments for good: stop here and report what we have.
+            return loss_sum, seen, False
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.item() * len(idx)
+        seen += len(idx)
+    return loss_sum, seen, True
+
+
+def _optimizer(cfg: ImageConfig, params: list[nn.Parameter], epochs: int) -> tuple[torch.optim.Optimizer, Any]:
+    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    optimizer = opt_cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs) if cfg.cosine else None
+    return optimizer, scheduler
+
+
+# Stage one's settings: a cached backbone is reused only by trials that agree on all of them.
+PRETRAIN_KEYS = (
+    "backbone", "stem", "image_size", "dataset", "pretrain_dataset", "pretrain_classes", "pretrain_epochs",
+    "max_train_images", "max_test_images", "optimizer", "lr", "weight_decay", "cosine", "batch_size", "seed",
+    "data_dir",
+)  # fmt: skip
+PRETRAIN_VERSION = 1  # bump when stage one's training changes, so old cached backbones are not reused
+
+
+def pretrain_path(cfg: ImageConfig) -> Path:
+    """Where stage one's backbone for `cfg` is cached: <data_dir>/tversky_image_backbones/<hash of its settings>.pt."""
+    key = {k: getattr(cfg, k) for k in PRETRAIN_KEYS} | {"version": PRETRAIN_VERSION}
+    digest = hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=8).hexdigest()
+    return Path(cfg.data_dir).expanduser() / "tversky_image_backbones" / f"{cfg.backbone}-{digest}.pt"
+
+
+def pretrain_backbone(cfg: ImageConfig, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Stage one: {"backbone": state dict, "accuracy": test accuracy on its classes, "seconds", "digest"}.
+
+    The backbone with a linear head over labels < pretrain_classes of pretrain_dataset (or dataset), trained for
+    pretrain_epochs with the trial's optimizer, lr, batch size and seed, on `device`. Computed once per settings and
+    cached (a file lock: two trials that need it at once compute it once, and both read the same weights)."""
+    path = pretrain_path(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if path.is_file():
+            cached: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+            return cached
+        began = time.monotonic()
+        dataset = cfg.pretrain_dataset or cfg.dataset
+        data = load_images(dataset, cfg.data_dir, cfg.download, cfg.max_train_images, cfg.max_test_images).to(device)
+        keep, keep_test = data.train_labels < cfg.pretrain_classes, data.test_labels < cfg.pretrain_classes
+        images, labels = data.train_images[keep], data.train_labels[keep]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            backbone, feat_dim = create_backbone(cfg.backbone, in_channels=1, stem=cfg.stem, image_size=cfg.image_size)
+            mean, std = NORMALIZATION[cfg.dataset]  # as stage two normalises: the backbone sees the same inputs
+            model = ImageClassifier(backbone, nn.Linear(feat_dim, cfg.pretrain_classes), mean=mean, std=std).to(device)
+            optimizer, scheduler = _optimizer(cfg, list(model.parameters()), cfg.pretrain_epochs)
+            for epoch in range(1, cfg.pretrain_epochs + 1):
+                _, _, finite = _train_epoch(model, optimizer, images, labels, cfg, epoch)
+                if not finite:
+                    raise RuntimeError(f"stage one: the loss went non-finite in epoch {epoch}; lower lr ({cfg.lr})")
+                if scheduler is not None:
+                    scheduler.step()
+        _, accuracy = evaluate(model, data.test_images[keep_test], data.test_labels[keep_test], cfg.image_size)
+        state = {k: v.detach().to("cpu", copy=True) for k, v in backbone.state_dict().items()}
+        result = {"backbone": state, "accuracy": accuracy, "seconds": time.monotonic() - began, "digest": digest(state)}
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save(result, tmp)
+        os.replace(tmp, path)  # atomic: a reader sees the whole file or none
+        return result
+
+
+def digest(state: dict[str, torch.Tensor]) -> str:
+    """A short fingerprint of a state dict's values, to show that two trials started from the same backbone."""
+    h = hashlib.blake2b(digest_size=6)
+    for name in sorted(state):
+        h.update(name.encode())
+        h.update(state[name].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _theta_tie(head: nn.Module) -> Callable[[], torch.Tensor]:
+    theta = head.theta
+    assert isinstance(theta, torch.Tensor)
+    return lambda: 0.0 * theta
+
+
 def train(cfg: ImageConfig, session: Session) -> None:
     # --- setup
     torch.manual_seed(cfg.seed)
     raw_model = build_model(cfg)  # checkpoints hold the unwrapped module's state (house style)
+    pretrain: dict[str, Any] = {}
+    if session.checkpoint is not None:
+        pretrain = dict(session.checkpoint.get("pretrain") or {})
+    elif cfg.pretrain_epochs:  # stage one, then this trial's head from its own fresh init on that backbone
+        stage_one = pretrain_backbone(cfg, session.device)
+        raw_model.backbone.load_state_dict(stage_one["backbone"])
+        pretrain = {k: stage_one[k] for k in ("accuracy", "seconds", "digest")}
     data = load_data(cfg, session)
     model = session.prepare_model(raw_model)
     trainable = [p for p in raw_model.parameters() if p.requires_grad]
-    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    optimizer = opt_cls(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs) if cfg.cosine else None
-    params = {"params/total": count_parameters(raw_model), "params/head": count_parameters(raw_model.head)}
+    optimizer, scheduler = _optimizer(cfg, trainable, cfg.epochs)
+    params: dict[str, float] = {
+        "params/total": count_parameters(raw_model),
+        "params/head": count_parameters(raw_model.head),
+    }
+    if pretrain:
+        params |= {"pretrain/accuracy": pretrain["accuracy"], "pretrain/seconds": pretrain["seconds"]}
     # ratio similarity never uses θ (jobs/layers/tversky.py); DDP then waits forever for its gradient. A zero
     # term gives it one; single-process runs skip it so they stay bit-identical to the plain loss.
     theta_tie = session.world_size > 1 and cfg.head == "tversky" and cfg.similarity == "ratio"
@@ -206,31 +360,10 @@ def train(cfg: ImageConfig, session: Session) -> None:
 
     for epoch in range(start + 1, cfg.epochs + 1):
         # --- update
-        model.train()
-        order = shard_indices(
-            len(data.train_labels), seed=cfg.seed, epoch=epoch, rank=session.world_rank, world_size=session.world_size
-        ).to(data.train_labels.device)
-        loss_sum, seen, finite = 0.0, 0, True
-        for i in range(0, len(order), cfg.batch_size):
-            idx = order[i : i + cfg.batch_size]
-            if len(idx) == 1 and i > 0:
-                # BatchNorm cannot normalise a single image (1 value per channel at layer4's 1x1 maps): skip a
-                # last batch of one. Every rank's shard has the same length, so all ranks skip it together.
-                break
-            x = resize(data.train_images[idx], cfg.image_size)  # [b, 1, h, w] -> [b, 1, S, S]
-            y = data.train_labels[idx]  # [b]
-            loss = F.cross_entropy(model(x), y)
-            if theta_tie:
-                loss = loss + 0.0 * raw_model.head.theta
-            if not _finite_on_all_ranks(loss, session):
-                # One inf/NaN step would poison Adam's moments for good: stop here and report what we have.
-                finite = False
-                break
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.item() * len(idx)
-            seen += len(idx)
+        tie = _theta_tie(raw_model.head) if theta_tie else None
+        loss_sum, seen, finite = _train_epoch(
+            model, optimizer, data.train_images, data.train_labels, cfg, epoch, session, tie
+        )
         if scheduler is not None and finite:
             scheduler.step()
 
@@ -249,12 +382,19 @@ def train(cfg: ImageConfig, session: Session) -> None:
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "epoch": epoch,
             "config": dataclasses.asdict(cfg),
+            "pretrain": pretrain,
         }
-        metrics = {"train/loss": train_loss, "test/accuracy": test_accuracy, "test/loss": test_loss, "epoch": epoch}
-        if epoch == cfg.epochs and cfg.head == "tversky" and session.world_rank == 0:
-            # What each prototype has come to stand for, on the trial's MLflow run (rides with this report).
+        metrics: dict[str, Any] = {
+            "train/loss": train_loss, "test/accuracy": test_accuracy, "test/loss": test_loss, "epoch": epoch,
+        }  # fmt: skip
+        last = epoch == cfg.epochs or not finite
+        if last and session.world_rank == 0:
+            # What the head has come to stand for, on the trial's MLflow run (rides with this report), and the
+            # trial's row for the sweep's summary (jobs/tasks/tversky_image_summary.py).
             sample = resize(data.train_images[:512], cfg.image_size)
-            session.log_artifact("prototypes.png", prototype_pictures(raw_model, sample))
+            for name, png in trial_pictures(raw_model, cfg, sample).items():
+                session.log_artifact(name, png)
+            metrics["table"] = TableRows([trial_row(raw_model, cfg, metrics, params, pretrain)])
         session.report({**metrics, **params}, checkpoint=state)
         if not finite:
             return
@@ -309,6 +449,7 @@ TASK = Task(
     build_model=build_model,
     example_input=example_input,
     metrics=METRICS,
+    summarize=summarize,
     description=(
         "Digits/MNIST with a torchvision ResNet-18/50 and a linear or Tversky head (tversky.md §3.2); "
         "test/accuracy is the score."

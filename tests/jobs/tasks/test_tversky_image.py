@@ -18,7 +18,16 @@ from jobs.layers.image_heads import ImageClassifier
 from jobs.layers.tversky import TverskyProjection
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
-from jobs.tasks.tversky_image import TASK, ImageConfig, build_model, example_input, prototype_pictures, train
+from jobs.tasks.tversky_image import (
+    TASK,
+    ImageConfig,
+    build_model,
+    example_input,
+    pretrain_path,
+    prototype_pictures,
+    summarize,
+    train,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 # A tiny budget: 48 digits at 16x16, batches of 16, so one epoch is 3 optimizer steps.
@@ -94,13 +103,13 @@ def test_tiny_run_takes_optimizer_steps(head: str) -> None:
     initial = _initial(cfg)
     session = _run(cfg)
     (last,) = session.history
-    assert set(last) == {"train/loss", "test/accuracy", "test/loss", "epoch", "params/total", "params/head"}
+    assert set(last) == {"train/loss", "test/accuracy", "test/loss", "epoch", "params/total", "params/head", "table"}
     assert last["epoch"] == 1 and 0.0 <= last["test/accuracy"] <= 1.0 and np.isfinite(last["train/loss"])
     model = build_model(cfg)
     assert last["params/total"] == sum(p.numel() for p in model.parameters())
     assert last["params/head"] == sum(p.numel() for p in model.head.parameters()) < last["params/total"]
     ckpt = session.last_checkpoint
-    assert ckpt is not None and set(ckpt) == {"model", "optimizer", "scheduler", "epoch", "config"}
+    assert ckpt is not None and set(ckpt) == {"model", "optimizer", "scheduler", "epoch", "config", "pretrain"}
     assert ckpt["epoch"] == 1 and ckpt["config"] == dataclasses.asdict(cfg)
     for name, _ in model.named_parameters():
         assert not torch.equal(initial[name], ckpt["model"][name]), f"{name} did not change: no optimizer step"
@@ -193,9 +202,77 @@ def test_prototype_pictures_png() -> None:
     assert isinstance(model, ImageClassifier)
 
 
-@pytest.mark.parametrize("path", ["sweeps/tversky_image.yaml", "sweeps/gpu/tversky_image_resnet50.yaml"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "sweeps/tversky_image.yaml",
+        "sweeps/tversky_image_frozen.yaml",
+        "sweeps/tversky_image_pixels.yaml",
+        "sweeps/gpu/tversky_image_resnet50.yaml",
+        "sweeps/gpu/tversky_image_mnist_pixels.yaml",
+        "sweeps/gpu/tversky_image_resnet50_frozen.yaml",
+    ],
+)
 def test_sweep_files_validate(path: str) -> None:
     spec_module = pytest.importorskip("service.spec")
     spec = spec_module.parse_spec((REPO / path).read_text())
     assert spec.task == "tversky.image" and spec.metric.name == "test/accuracy" and spec.metric.mode == "max"
     assert spec.register is not None
+
+
+def test_stage_one_backbone_is_shared_frozen_and_cached(tmp_path: Path) -> None:
+    # Stage one on digits 0-4, then each head on all ten classes over the same frozen backbone.
+    small = {**TINY, "max_train_images": 16, "max_test_images": 16}
+    base = ImageConfig(freeze_backbone=True, pretrain_epochs=1, pretrain_classes=5, data_dir=str(tmp_path), **small)
+    runs = {head: _run(dataclasses.replace(base, head=head)) for head in ("linear", "tversky")}
+    stage_one = torch.load(pretrain_path(base), weights_only=True)
+    assert 0.0 <= stage_one["accuracy"] <= 1.0
+    # Stage one trained: its BatchNorm layers counted batches and moved their running means off the init's 0.
+    assert int(stage_one["backbone"]["bn1.num_batches_tracked"]) >= 1
+    assert stage_one["backbone"]["bn1.running_mean"].abs().sum() > 0
+    rows = []
+    for head, session in runs.items():
+        ckpt = session.last_checkpoint
+        assert ckpt is not None and ckpt["pretrain"]["digest"] == stage_one["digest"]
+        for name, value in stage_one["backbone"].items():  # weights and BatchNorm statistics: stage one's, unchanged
+            assert torch.equal(ckpt["model"][f"backbone.{name}"], value), f"{head}: backbone.{name} moved"
+        last = session.history[-1]
+        assert last["pretrain/accuracy"] == stage_one["accuracy"]
+        rows += [{**row, "head": head} for row in last["table"]]
+    assert rows[0]["backbone_digest"] == rows[1]["backbone_digest"] == stage_one["digest"]
+    md = summarize(rows)["accuracy.md"].decode()
+    assert "stage one 1 ep on labels < 5" in md and "| yes |" in md
+    with pytest.raises(ValueError, match="^pretrain_epochs: backbone none"):
+        ImageConfig(backbone="none", pretrain_epochs=1)
+
+
+def test_frozen_statistics_keep_batchnorm_in_eval_mode() -> None:
+    model = build_model(ImageConfig(freeze_backbone=True, pretrain_epochs=1, image_size=16))
+    model.train()
+    assert model.head.training and not any(m.training for m in model.backbone.modules())
+    with pytest.raises(ValueError, match="freeze_statistics: needs freeze_backbone"):
+        ImageClassifier(torch.nn.Flatten(), torch.nn.Linear(4, 2), freeze_statistics=True)
+
+
+def test_pixel_heads_draw_their_weights_in_input_space() -> None:
+    rows = []
+    for head in ("linear", "tversky"):
+        cfg = ImageConfig(backbone="none", head=head, features=12, **{**TINY, "image_size": 8})
+        session = _run(cfg)
+        png = session.artifacts["input_space.png"]
+        assert png.startswith(b"\x89PNG") and len(png) > 1000
+        (row,) = session.history[-1]["table"]
+        model = build_model(cfg)
+        model.load_state_dict(session.last_checkpoint["model"] if session.last_checkpoint else {})
+        if head == "linear":
+            assert set(row["images"]) == {"linear weights"}
+            assert torch.allclose(torch.tensor(row["images"]["linear weights"]), model.head.weight, atol=1e-5)
+        else:
+            assert set(row["images"]) == {"prototypes", "features"}
+            assert torch.allclose(torch.tensor(row["images"]["prototypes"]), model.head.prototypes, atol=1e-5)
+            assert len(row["images"]["features"]) == 10 and len(row["images"]["features"][0]) == 64
+        rows.append(row)
+    files = summarize(rows)
+    assert files["input_space.png"].startswith(b"\x89PNG")
+    assert "head on pixels" in files["accuracy.md"].decode()
+    assert files["accuracy.csv"].decode().splitlines()[0].startswith("dataset,backbone,freeze_backbone")

@@ -1,0 +1,196 @@
+"""What a `tversky.image` trial leaves for people: its pictures, its row for the sweep, and the sweep's summary.
+
+- `trial_pictures`: on a head that reads pixels (backbone none), `input_space.png`: the linear layer's weights or the
+  Tversky head's prototypes and its most salient features, each drawn as an image, as the paper draws them (the
+  paper: Tversky prototypes look like strokes a person recognises, linear weights like textures). On a ResNet, a
+  Tversky head's `prototypes.png`: the training images most similar to each prototype (its prototypes live in
+  feature space, where there is nothing to draw).
+- `trial_row`: the trial's outcome (and, for a pixel head, its weights as numbers) under the `table` metric, which
+  the worker hands, with every trial's config, to `summarize`.
+- `summarize`: accuracy.md / accuracy.csv, mean ± sample std over seeds of the final test accuracy per setting and
+  head, beside the paper's numbers, with stage one's accuracy and whether both heads of a seed started from the
+  same backbone; input_space.png, the linear weights and the Tversky prototypes and features side by side.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from jobs.layers.tversky import TverskyProjection
+from jobs.tables import check_rows, csv_bytes, group_rows, markdown_table, mean_std, png_bytes
+
+if TYPE_CHECKING:
+    from jobs.layers.image_heads import ImageClassifier
+    from jobs.tasks.tversky_image import ImageConfig
+
+SHOWN_FEATURES = 10  # the most salient features drawn beside a Tversky head's prototypes
+ARM_KEYS = ("dataset", "backbone", "freeze_backbone", "pretrain_epochs", "pretrain_classes")
+ROW_KEYS = (*ARM_KEYS, "image_size", "head", "seed")
+# The paper's numbers (seed document, tversky.md §3.2), mean ± std over seeds where it gives them, in percent.
+PAPER_SCRATCH = "MNIST, ResNet-50 from scratch: linear 99.54 ± 0.04, Tversky 99.56 ± 0.06"
+PAPER_FROZEN = (
+    "frozen ImageNet ResNet-50: NABirds linear 40.25, Tversky 38.73 (seed table); the v1 abstract's summaries give "
+    "NABirds 36.0 -> 44.9 and MNIST 57.4 -> 62.3 (unresolved)"
+)
+
+
+def input_space_images(model: ImageClassifier, image_size: int) -> dict[str, torch.Tensor]:
+    """A pixel head's weights as images: {"linear weights"} or {"prototypes", "features"}, each [K, S, S].
+
+    Features are the SHOWN_FEATURES most salient over the prototypes (Σ_j relu(π_j·f_k), tversky.md §1.2)."""
+    head = model.head
+    if isinstance(head, TverskyProjection):
+        protos, bank = head.prototypes.detach().float(), head.feature_bank.detach().float()
+        salience = F.relu(protos @ bank.T).sum(dim=0)  # [P, F] -> [F]
+        top = salience.argsort(descending=True)[:SHOWN_FEATURES]
+        out = {"prototypes": protos, "features": bank[top]}
+    elif isinstance(head, torch.nn.Linear):
+        out = {"linear weights": head.weight.detach().float()}
+    else:
+        raise ValueError(f"input_space_images: a linear or Tversky head, got {type(head).__name__}")
+    for name, w in out.items():
+        if w.shape[1] != image_size * image_size:
+            raise ValueError(
+                f"input_space_images: {name} have {w.shape[1]} inputs, not {image_size}² pixels; only a head on "
+                "pixels (backbone none) has weights in input space"
+            )
+    return {name: w.reshape(-1, image_size, image_size).cpu() for name, w in out.items()}
+
+
+def draw_rows(rows: list[tuple[str, torch.Tensor]], title: str) -> bytes:
+    """PNG: one row of images per (label, [K, S, S]) pair, each image on its own symmetric colour scale (red +,
+    blue -), so a weight's sign and shape show whatever its size."""
+    from matplotlib.figure import Figure  # no pyplot: no global figure state, safe in a worker thread
+
+    cols = max(len(images) for _, images in rows)
+    fig = Figure(figsize=(1.0 * cols + 1.6, 1.15 * len(rows) + 0.5), layout="constrained")
+    axes = fig.subplots(len(rows), cols, squeeze=False)
+    for r, (label, images) in enumerate(rows):
+        for c in range(cols):
+            ax = axes[r][c]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c >= len(images):
+                ax.axis("off")
+                continue
+            picture = images[c].numpy()
+            scale = float(abs(picture).max()) or 1.0
+            ax.imshow(picture, cmap="RdBu_r", vmin=-scale, vmax=scale)
+            ax.set_title(str(c), fontsize=7)
+        axes[r][0].set_ylabel(label, fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    return png_bytes(fig, dpi=80)
+
+
+def trial_pictures(model: ImageClassifier, cfg: ImageConfig, sample: torch.Tensor) -> dict[str, bytes]:
+    """The trial's pictures, by file name (see the module docstring); `sample` [N, 1, S, S] for prototypes.png."""
+    from jobs.tasks.tversky_image import prototype_pictures  # the task imports this module
+
+    if cfg.backbone == "none":
+        images = input_space_images(model, cfg.image_size)
+        rows = [(name, w) for name, w in images.items()]
+        title = f"{cfg.head} head on {cfg.dataset} pixels, seed {cfg.seed}: weights in input space"
+        return {"input_space.png": draw_rows(rows, title)}
+    if cfg.head == "tversky":
+        return {"prototypes.png": prototype_pictures(model, sample)}
+    return {}
+
+
+def trial_row(
+    model: ImageClassifier, cfg: ImageConfig, metrics: dict[str, Any], params: dict[str, Any], pretrain: dict[str, Any]
+) -> dict[str, Any]:
+    """The trial's row of the `table` metric: its settings, final accuracy, sizes, stage one, pixel weights."""
+    row: dict[str, Any] = {k: getattr(cfg, k) for k in ROW_KEYS}
+    row |= {
+        "test_accuracy": metrics["test/accuracy"],
+        "test_loss": metrics["test/loss"] if math.isfinite(metrics["test/loss"]) else None,
+        "params_head": params["params/head"],
+        "params_total": params["params/total"],
+        "pretrain_accuracy": pretrain.get("accuracy"),
+        "backbone_digest": pretrain.get("digest"),
+    }
+    if cfg.backbone == "none":  # small: 10 x S² numbers for the weights, 10 more rows for a Tversky head's features
+        images = input_space_images(model, cfg.image_size)
+        row["images"] = {k: [[round(float(v), 5) for v in w.flatten()] for w in t] for k, t in images.items()}
+    return row
+
+
+# --- the sweep's summary (the worker calls summarize with every trial's table rows)
+
+CSV_COLUMNS = (*ARM_KEYS, "head", "seeds", "mean", "std", "min", "max", "pretrain_accuracy", "params_head")
+
+
+def _paper(arm: tuple[Any, ...]) -> str:
+    _, backbone, frozen, _, _ = arm
+    if backbone == "none":
+        return "no accuracy: the paper draws these prototypes beside a linear layer's weights"
+    return PAPER_FROZEN if frozen else PAPER_SCRATCH
+
+
+def _arm_label(arm: tuple[Any, ...]) -> str:
+    dataset, backbone, frozen, pre_epochs, pre_classes = arm
+    if backbone == "none":
+        return f"{dataset}, head on pixels"
+    stage = f", stage one {pre_epochs} ep on labels < {pre_classes}" if pre_epochs else ", random backbone"
+    return f"{dataset}, {backbone}, {'frozen' if frozen else 'trained'}{stage if frozen or pre_epochs else ''}"
+
+
+def _same_start(rows: list[dict[str, Any]]) -> str:
+    """yes: every seed's trials report one backbone fingerprint; NO: some seed's differ; — : no stage one."""
+    digests: dict[Any, set[str]] = {}
+    for r in rows:
+        if r.get("backbone_digest"):
+            digests.setdefault(r["seed"], set()).add(r["backbone_digest"])
+    return "—" if not digests else ("yes" if all(len(d) == 1 for d in digests.values()) else "NO")
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
+    """Every trial's row -> accuracy.md, accuracy.csv and (with pixel heads) input_space.png."""
+    check_rows(rows, (*ROW_KEYS, "test_accuracy"), "tversky.image")
+    stats, lines = [], []
+    for arm, group in group_rows(rows, ARM_KEYS).items():
+        cells, sizes = {}, {}
+        for head, got in ((h, [r for r in group if r["head"] == h]) for h in ("linear", "tversky")):
+            if not got:
+                cells[head] = sizes[head] = "—"
+                continue
+            accs = [100 * float(r["test_accuracy"]) for r in got]
+            mean, std = mean_std(accs)
+            pre = [float(r["pretrain_accuracy"]) for r in got if r.get("pretrain_accuracy") is not None]
+            stats.append({**dict(zip(ARM_KEYS, arm, strict=True)), "head": head, "seeds": len(accs),
+                          "mean": round(mean, 3), "std": round(std, 3), "min": min(accs), "max": max(accs),
+                          "pretrain_accuracy": round(statistics.fmean(pre), 4) if pre else math.nan,
+                          "params_head": got[0].get("params_head")})  # fmt: skip
+            cells[head] = f"{mean:.2f} ± {std:.2f} (n={len(accs)})"
+            sizes[head] = f"{got[0]['params_head']:,}" if got[0].get("params_head") else "—"
+        pre_all = [float(r["pretrain_accuracy"]) for r in group if r.get("pretrain_accuracy") is not None]
+        pre_cell = f"{100 * statistics.fmean(pre_all):.2f}" if pre_all else "—"
+        lines.append((_arm_label(arm), cells["linear"], cells["tversky"], f"{sizes['linear']} / {sizes['tversky']}",
+                      pre_cell, _same_start(group), _paper(arm)))  # fmt: skip
+    header = ("setting", "linear", "Tversky", "head params (linear / Tversky)", "stage one accuracy", "same start",
+              "paper")  # fmt: skip
+    intro = (
+        "# Image heads beside the paper\n\nFinal test accuracy (%), mean ± sample std over seeds (n). Stage one: "
+        "the backbone trained first (on the labels below the given class), then frozen, weights and BatchNorm "
+        "statistics; `same start`: both heads of each seed report the same backbone fingerprint.\n\n"
+    )
+    files = {
+        "accuracy.csv": csv_bytes(CSV_COLUMNS, stats),
+        "accuracy.md": (intro + markdown_table(header, lines)).encode(),
+    }
+    pixel_rows = sorted((r for r in rows if r.get("images")), key=lambda r: (r["seed"], r["head"]))
+    if pixel_rows:
+        seed = pixel_rows[0]["seed"]
+        drawn = []
+        for r in (r for r in pixel_rows if r["seed"] == seed):
+            size = int(r["image_size"])
+            for name, values in r["images"].items():
+                drawn.append((f"{r['head']}: {name}", torch.tensor(values).reshape(-1, size, size)))
+        title = f"Input space, seed {seed}: the linear layer's weights beside the Tversky prototypes and features"
+        files["input_space.png"] = draw_rows(drawn, title)
+    return files
