@@ -6,6 +6,7 @@ target r + γ(1 - terminated)(min Q'(s', a') - α log π(a'|s')), a squashed-Gau
 (jobs/layers/sac_actor.py), automatic entropy tuning towards -|A| (SAC eq. 18), a preallocated numpy replay
 buffer, one gradient step per environment step after `learning_starts` uniform-random steps. The critic's
 gradient is clipped to norm `grad_clip` (1.0): seed 002's fix for the bilinear branch's exploding Q values.
+The buffer, the agent and its updates are jobs/sac.py; this file is the experiment: config, env, critics, loop.
 
 critic=sna is Q = V(s) + A(a) + u(s)ᵀ diag(w) v(a)/√R (jobs/layers/sna_critic.py); critic=mlp is Q = MLP([s, a])
 whose width is solved so that its parameter count matches the SNA critic of the same rank (both counts are
@@ -43,7 +44,6 @@ import annotated_types as at
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from jobs.config import check_fields
@@ -57,6 +57,17 @@ from jobs.layers.sna_critic import (
 )
 from jobs.registry import Task
 from jobs.runtime import Session
+from jobs.sac import (
+    Agent,
+    ReplayBuffer,
+    evaluate,
+    rng_state,
+    set_rng_state,
+    soft_update,
+    td_target,
+    update_actor_and_alpha,
+    update_critic,
+)
 from jobs.tables import TableRows, check_rows, csv_bytes, mean_std, png_bytes
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation episodes start from seeds no training episode uses
@@ -218,93 +229,7 @@ def build_critic(cfg: SacConfig) -> nn.Module:
     return create_critic(cfg.critic, obs_dim, act_dim, cfg.rank, cfg.critic_hidden, cfg.critic_depth, cfg.match_params)
 
 
-# --- replay buffer
-
-
-@dataclass
-class Batch:
-    obs: torch.Tensor  # [B, S]
-    actions: torch.Tensor  # [B, A]
-    rewards: torch.Tensor  # [B, 1]
-    next_obs: torch.Tensor  # [B, S]
-    terminated: torch.Tensor  # [B, 1], 1.0 where the episode ended in a terminal state (no bootstrap)
-
-
-class ReplayBuffer:
-    """A ring of `capacity` transitions in preallocated float32 arrays; sampled uniformly with replacement."""
-
-    FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated")
-
-    def __init__(self, capacity: int, obs_dim: int, act_dim: int) -> None:
-        self.capacity = capacity
-        widths = {"obs": obs_dim, "actions": act_dim, "rewards": 1, "next_obs": obs_dim, "terminated": 1}
-        self.arrays = {k: np.zeros((capacity, widths[k]), dtype=np.float32) for k in self.FIELDS}
-        self.pos = 0  # next slot to write
-        self.size = 0
-
-    def add(self, obs: Any, action: Any, reward: float, next_obs: Any, terminated: bool) -> None:
-        for k, v in zip(self.FIELDS, (obs, action, reward, next_obs, float(terminated)), strict=True):
-            self.arrays[k][self.pos] = np.asarray(v, dtype=np.float32).reshape(-1)
-        self.pos = (self.pos + 1) % self.capacity
-        self.size = min(self.size + 1, self.capacity)
-
-    def sample(self, batch_size: int, rng: np.random.Generator, device: torch.device) -> Batch:
-        idx = rng.integers(0, self.size, size=batch_size)
-        return Batch(*(torch.as_tensor(self.arrays[k][idx], device=device) for k in self.FIELDS))
-
-    def state_dict(self) -> dict[str, Any]:
-        """The filled rows only (a ring not yet full saves no zeros) plus the write position."""
-        return {"pos": self.pos, "size": self.size, **{k: self.arrays[k][: self.size].copy() for k in self.FIELDS}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        size = int(state["size"])
-        if size > self.capacity:
-            raise ValueError(f"buffer_size: the checkpoint holds {size} transitions, more than the {self.capacity} set")
-        for k in self.FIELDS:
-            self.arrays[k][:size] = state[k]
-        self.pos, self.size = int(state["pos"]) % self.capacity, size
-
-
-# --- SAC: the agent and its updates
-
-
-@dataclass
-class Agent:
-    actor: SquashedGaussianActor
-    qf1: nn.Module
-    qf2: nn.Module
-    qf1_target: nn.Module
-    qf2_target: nn.Module
-    log_alpha: torch.Tensor  # [1], requires grad when autotuned
-    actor_optimizer: torch.optim.Optimizer
-    q_optimizer: torch.optim.Optimizer
-    alpha_optimizer: torch.optim.Optimizer | None
-    target_entropy: float
-
-    @property
-    def alpha(self) -> float:
-        return float(self.log_alpha.exp().item())
-
-    def critic_params(self) -> list[nn.Parameter]:
-        return [*self.qf1.parameters(), *self.qf2.parameters()]
-
-    PARTS = ("qf1", "qf2", "qf1_target", "qf2_target", "actor_optimizer", "q_optimizer")
-
-    def state_dict(self) -> dict[str, Any]:
-        # Deep copies: the checkpoint must not change as training goes on (LocalSession keeps it in memory).
-        state = {k: copy.deepcopy(getattr(self, k).state_dict()) for k in self.PARTS}
-        state["log_alpha"] = self.log_alpha.detach().clone()
-        if self.alpha_optimizer is not None:
-            state["alpha_optimizer"] = copy.deepcopy(self.alpha_optimizer.state_dict())
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for k in self.PARTS:
-            getattr(self, k).load_state_dict(state[k])
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
-        if self.alpha_optimizer is not None:
-            self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+# --- SAC: the agent (jobs/sac.py holds it, its updates and the replay buffer)
 
 
 def make_agent(cfg: SacConfig, actor: SquashedGaussianActor, device: torch.device) -> Agent:
@@ -331,77 +256,6 @@ def make_agent(cfg: SacConfig, actor: SquashedGaussianActor, device: torch.devic
 
 
 @torch.no_grad()
-def td_target(agent: Agent, batch: Batch, gamma: float) -> torch.Tensor:
-    """y = r + γ (1 - terminated) (min_i Q'_i(s', a') - α log π(a'|s')), a' ~ π(·|s'): [B, 1]."""
-    next_actions, next_log_pi, _ = agent.actor.sample(batch.next_obs)
-    next_q = torch.min(agent.qf1_target(batch.next_obs, next_actions), agent.qf2_target(batch.next_obs, next_actions))
-    return batch.rewards + gamma * (1 - batch.terminated) * (next_q - agent.alpha * next_log_pi)
-
-
-def critic_loss(agent: Agent, batch: Batch, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(MSE(Q1, y) + MSE(Q2, y), mean Q1): the twin critics' joint loss against a fixed target."""
-    q1, q2 = agent.qf1(batch.obs, batch.actions), agent.qf2(batch.obs, batch.actions)
-    return F.mse_loss(q1, target) + F.mse_loss(q2, target), q1.mean()
-
-
-def update_critic(agent: Agent, batch: Batch, target: torch.Tensor, grad_clip: float) -> dict[str, float]:
-    loss, q_mean = critic_loss(agent, batch, target)
-    agent.q_optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(agent.critic_params(), grad_clip)
-    agent.q_optimizer.step()
-    return {"losses/critic": loss.item(), "q/mean": q_mean.item()}
-
-
-def update_actor_and_alpha(agent: Agent, obs: torch.Tensor) -> dict[str, float]:
-    """Actor: minimise E[α log π(a|s) - min_i Q_i(s, a)], a reparameterised (SAC eq. 7); then α (eq. 18)."""
-    critic_params = agent.critic_params()
-    for p in critic_params:  # the loss needs dQ/da, not dQ/dθ: skip the critics' weight gradients
-        p.requires_grad_(False)
-    actions, log_pi, _ = agent.actor.sample(obs)
-    q = torch.min(agent.qf1(obs, actions), agent.qf2(obs, actions))
-    actor_loss = (agent.alpha * log_pi - q).mean()
-    agent.actor_optimizer.zero_grad(set_to_none=True)
-    actor_loss.backward()
-    agent.actor_optimizer.step()
-    for p in critic_params:
-        p.requires_grad_(True)
-    out = {"losses/actor": actor_loss.item()}
-    if agent.alpha_optimizer is not None:
-        # J(α) = E[-α (log π + H̄)] with α = exp(log α): α grows while the entropy -log π is below the target H̄.
-        alpha_loss = -(agent.log_alpha * (log_pi.detach() + agent.target_entropy)).mean()
-        agent.alpha_optimizer.zero_grad(set_to_none=True)
-        alpha_loss.backward()
-        agent.alpha_optimizer.step()
-        out["losses/alpha"] = alpha_loss.item()
-    return out
-
-
-@torch.no_grad()
-def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
-    # t <- t + τ (s - t) = τ s + (1 - τ) t (Tensor.lerp_, public; torch's multi-tensor form is private)
-    for t, s in zip(target.parameters(), source.parameters(), strict=True):
-        t.lerp_(s, tau)
-
-
-@torch.no_grad()
-def evaluate(actor: SquashedGaussianActor, env: gym.Env[Any, Any], cfg: SacConfig, device: torch.device) -> list[float]:
-    """Returns of `eval_episodes` episodes of the deterministic policy, from the same start seeds every time."""
-    returns = []
-    for i in range(cfg.eval_episodes):
-        obs, _ = env.reset(seed=EVAL_SEED_OFFSET + cfg.seed * cfg.eval_episodes + i)
-        done, total = False, 0.0
-        while not done:
-            action = actor(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])[0].cpu().numpy()
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
-    return returns
-
-
-@torch.no_grad()
 def rank_metrics(agent: Agent, buffer: ReplayBuffer, cfg: SacConfig, step: int, device: torch.device) -> dict[str, int]:
     """Effective ranks of the critic's interaction over buffer states x buffer actions (module docstring)."""
     rng = np.random.default_rng([cfg.seed, step])  # its own stream: diagnostics never shift training randomness
@@ -413,22 +267,6 @@ def rank_metrics(agent: Agent, buffer: ReplayBuffer, cfg: SacConfig, step: int, 
     if cross_matrix is not None:
         out["critic/effective_rank"] = effective_rank(cross_matrix(obs, act), cfg.rank_energy)
     return out
-
-
-def rng_state(rng: np.random.Generator, device: torch.device) -> dict[str, Any]:
-    """Every random stream of the loop: torch's (policy noise; CUDA's too on a GPU) and numpy's (exploration,
-    minibatches), so a resumed trial continues its random streams instead of replaying them from the seed."""
-    state = {"torch": torch.get_rng_state(), "numpy": copy.deepcopy(rng.bit_generator.state)}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict[str, Any], rng: np.random.Generator, device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    rng.bit_generator.state = state["numpy"]
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def train(cfg: SacConfig, session: Session) -> None:
@@ -503,7 +341,8 @@ def train(cfg: SacConfig, session: Session) -> None:
         if done % cfg.eval_every != 0 and done != cfg.total_steps:
             continue
         loop_time = time.perf_counter() - tick
-        returns = evaluate(raw_actor, eval_env, cfg, device)
+        first = EVAL_SEED_OFFSET + cfg.seed * cfg.eval_episodes  # the same start states at every evaluation
+        returns = evaluate(raw_actor, eval_env, range(first, first + cfg.eval_episodes), device)
         eval_return = float(np.mean(returns))
         metrics: dict[str, Any] = {
             "eval_return": eval_return,

@@ -22,23 +22,17 @@ from jobs.layers.separable import count_params
 from jobs.layers.sna_critic import matched_mlp_width, mlp_critic_params, sna_critic_params
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
-from jobs.tasks.sna_halfcheetah import (
-    TASK,
+from jobs.sac import (
     Agent,
     Batch,
     ReplayBuffer,
-    SacConfig,
-    build_critic,
-    build_model,
     critic_loss,
-    make_agent,
     soft_update,
-    summarize,
     td_target,
-    train,
     update_actor_and_alpha,
     update_critic,
 )
+from jobs.tasks.sna_halfcheetah import TASK, SacConfig, build_critic, build_model, make_agent, summarize, train
 
 REPO = Path(__file__).resolve().parents[3]
 CPU = torch.device("cpu")
