@@ -50,12 +50,13 @@ from jobs import lm_loop
 from jobs.config import check_fields, check_lm_schedule
 from jobs.data import facts as synthetic
 from jobs.data.paths import DataPath
-from jobs.data.text import EOS, UNK, Corpus, decode, eval_windows, load_text
+from jobs.data.text import EOS, UNK, Corpus, eval_windows, load_text
 from jobs.layers import knowledge_neurons as kn
 from jobs.layers.gpt import GPT, Projection
 from jobs.registry import Task
 from jobs.runtime import Session
 from jobs.tasks import tversky_lm
+from jobs.tasks.memory_neurons_report import report_markdown
 
 
 @dataclass(frozen=True)
@@ -432,64 +433,6 @@ def train(cfg: NeuronsConfig, session: Session) -> None:
         "lm_metrics": dict(lm_metrics),
     }
     session.report(metrics, checkpoint=state)
-
-
-def data_name(cfg: NeuronsConfig) -> str:
-    if cfg.source == "synthetic":
-        return f"synthetic facts ({cfg.num_subjects} subjects x {len(synthetic.RELATIONS)} relations)"
-    return cfg.corpus
-
-
-def report_markdown(cfg: NeuronsConfig, metrics: dict[str, float], rows: list[dict[str, Any]], vocab: list[str]) -> str:
-    """Per fact: prompts, knowledge neurons with their keys' top contexts and values' top tokens, interventions."""
-
-    def words(ids: list[int]) -> str:
-        return decode(ids, vocab)
-
-    def probs(ps: list[float]) -> str:
-        return ", ".join(f"{p:.3f}" for p in ps)
-
-    out = [
-        "# Knowledge neurons (memory.neurons)",
-        "",
-        f"LM: {cfg.n_layer} layers x {4 * cfg.n_embd} FFN neurons, {cfg.lm_steps} steps on {data_name(cfg)}, "
-        f"val perplexity {metrics['lm/perplexity']:.1f}. Threshold t={cfg.threshold}, share p={cfg.share}, "
-        f"{cfg.ig_steps} IG steps, edit λ={cfg.edit_lambda}.",
-        "",
-        "| metric | value |",
-        "|---|---|",
-        *(f"| {k} | {v:.4g} |" for k, v in metrics.items()),
-    ]
-    for i, r in enumerate(rows, 1):
-        f: Fact = r["fact"]
-        out += [
-            "",
-            f"## Fact {i}: {words(f.key)} -> **{vocab[f.target]}**",
-            "",
-            *(
-                f"- `... {words(p[-10:].tolist())}` -> {vocab[f.target]} (p={q:.3f})"
-                for p, q in zip(f.prompts, f.probs, strict=True)
-            ),
-            "",
-            f"Suppress x0: relative drop {r['suppress_drop']:+.3f} (random neurons {r['random_suppress_drop']:+.3f});"
-            f" amplify x2: gain {r['amplify_gain']:+.3f}; other facts' |change| {r['control_change']:.3f}.",
-            "",
-            "| neuron | attribution | value top tokens | key top contexts (activation) |",
-            "|---|---|---|---|",
-        ]
-        for n, values, contexts in zip(r["neurons"], r["values"], r["contexts"], strict=True):
-            shown = "<br>".join(
-                f"{words(c.tokens[:-1])} **{vocab[c.tokens[-1]]}** ({c.activation:.2f})" for c in contexts
-            )
-            out.append(f"| L{n.layer}.{n.index} | {r['weight'][n]:.2f} | {words(values)} | {shown} |")
-        out += [
-            "",
-            f"Edit {vocab[f.target]} -> {vocab[r['new']]}: P({vocab[f.target]}) {probs(r['p_before'])} -> "
-            f"{probs(r['p_after'])}; P({vocab[r['new']]}) {probs(r['p_new_before'])} -> {probs(r['p_new_after'])}; "
-            f"new top-1 on {r['edit_success']:.0%} of prompts; other facts' |change| {r['edit_control_change']:.3f}. "
-            f"Value top tokens after: {' / '.join(words(v) for v in r['values_after'])}.",
-        ]
-    return "\n".join(out) + "\n"
 
 
 TASK = Task(
