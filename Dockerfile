@@ -3,12 +3,20 @@
 # Ray nodes (`ray start`). CPU torch by default:
 #   docker build -t layerlab .
 #   docker build --build-arg TORCH_VARIANT=cuda -t layerlab:cuda .    # GPU hosts (run with --gpus all)
-FROM python:3.11-slim-bookworm
+# Offline hosts (no registry, no PyTorch index): scripts/build-image.sh (`make image`) makes the base
+# image from the Debian mirror and installs torch from the host's local wheels.
+# BASE_IMAGE: the python image, or an equivalent (Python 3.11 first on PATH, Debian bookworm, apt).
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
 
 # cpu:  torch/torchvision from TORCH_INDEX (the CPU wheels); the lock's CUDA libraries are left out.
 # cuda: requirements.lock exactly as tested: PyPI's torch with the CUDA libraries the lock pins.
 ARG TORCH_VARIANT=cpu
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# pip's local wheel folders and CA bundle (build-image.sh passes the host's and mounts them); unset: defaults.
+ARG PIP_FIND_LINKS
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_CERT
 
 # NVIDIA_DRIVER_CAPABILITIES: the container toolkit then mounts libnvidia-ml next to the CUDA driver,
 # which Ray needs to count a node's GPUs (harmless without a GPU).

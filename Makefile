@@ -17,12 +17,13 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help install services browser demo up down test lint clean compat
+.PHONY: help install services browser podman image demo up down test lint clean compat
 
 help:
 	@echo "make demo   install, start the embedded stack, run sweeps/tversky_xor_demo.yaml"
 	@echo "make test   install, start PostgreSQL if needed, run lint and the test suite"
 	@echo "make down   stop the stack started by make demo"
+	@echo "make image  build the project image (podman or docker; offline: base from the Debian mirror)"
 
 install: $(STAMP)
 
@@ -43,6 +44,14 @@ services:
 # Debian's chromium for the MLflow UI check in tests/browser (about 25 s the first time).
 browser:
 	@scripts/install-chromium.sh
+
+# Debian's podman (and runc) for make image and the container tier in tests/containers.
+podman:
+	@scripts/install-podman.sh
+
+# The project image, layerlab:latest (README: size and build time). TORCH_VARIANT=cpu|cuda to choose.
+image: podman
+	scripts/build-image.sh
 
 demo: install
 	@$(LAYERLAB) down >/dev/null 2>&1 || true
@@ -65,7 +74,7 @@ lint: install
 	$(VENV)/bin/ruff format --check service workers jobs tests benchmarks
 	$(VENV)/bin/mypy
 
-test: install services browser lint
+test: install services browser podman lint
 	$(PY) -m pytest -q
 
 # The fault and end-to-end suites against Ray 2.59.0 as well (RELIABILITY.md; about 20 minutes).
