@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import torch
 
+from jobs.data.lorenz import L63_LYAPUNOV
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
 from jobs.tasks.memory_capacity import CapacityConfig
 from jobs.tasks.memory_hopfield import HopfieldConfig
 from jobs.tasks.sna_lm import SnaLmConfig
-from jobs.tasks.sna_lorenz import L63_LYAPUNOV, LorenzConfig
+from jobs.tasks.sna_lorenz import LorenzConfig
 from jobs.tasks.tversky_lm import LmConfig
 
 

@@ -16,26 +16,21 @@ from pydantic import TypeAdapter, ValidationError
 from scipy.integrate import solve_ivp
 
 from jobs.config import field_docs
-from jobs.layers.separable import BilinearSeparable, CPSeparable, count_params
-from jobs.registry import get_task
-from jobs.runtime import LocalSession
-from jobs.tasks.sna_lorenz import (
+from jobs.data.lorenz import (
     BETA,
     L63_LYAPUNOV,
     RHO,
     SIGMA,
-    TASK,
-    LorenzConfig,
-    build_model,
     initial_states,
     integrate,
     lyapunov_spectrum,
-    summarize,
     tangent,
-    train,
-    valid_prediction_time,
     vector_field,
 )
+from jobs.layers.separable import BilinearSeparable, CPSeparable, count_params
+from jobs.registry import get_task
+from jobs.runtime import LocalSession
+from jobs.tasks.sna_lorenz import TASK, LorenzConfig, build_model, summarize, train, valid_prediction_time
 
 REPO = Path(__file__).resolve().parents[3]
 PNG = b"\x89PNG\r\n\x1a\n"
