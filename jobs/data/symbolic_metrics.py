@@ -6,11 +6,13 @@
   called TRC): run the model on m renamings f_1..f_m of x, map every prediction back to x's names with f_i⁻¹,
   count the distinct results u (token sequences compared exactly), and score 1 - (u - 1) / (m - 1):
   1 when all m agree, 0 when all differ. alpha_cov_n is its mean over inputs with exactly n symbols.
-  The renamings here are the n! permutations of x's own names (identity first; at most `limit`, a seeded
-  sample beyond that). ITE renames into the whole AP vocabulary (P(V, n) maps), but our encoding sees a
-  name only through its rank among the example's names (stream k = k-th name in sorted order), so every
-  such map gives the same model input as one of the n! permutations: the extra maps would only repeat
-  inputs and push the score towards 1. With 5 APs and n = 5 the two sets are the same 120 renamings.
+  Two sets of renamings:
+  - `pool_renamings` (what the tasks use, as ITE's `resymbolize_eval.py`): injective maps of x's names into
+    the whole name pool (a..z: P(26, n) maps), the identity first, then a seeded sample without repeats, at
+    most `limit` (ITE's --max-perm, e.g. 120). The paper's name-indexed baseline sees every name, so maps
+    that keep the names' order still move its inputs; a model that sees only ranks (invariant, rank-indexed,
+    random) sees one of the n! permutations under every map.
+  - `renamings`: the n! permutations of x's own names (identity first; at most `limit`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,32 @@ def renamings(symbols: Sequence[str], limit: int = 120, seed: int = 0) -> list[d
     return [dict(zip(names, p, strict=True)) for p in perms]
 
 
+def pool_renamings(
+    symbols: Sequence[str], pool: Sequence[str], limit: int = 120, seed: int = 0
+) -> list[dict[str, str]]:
+    """Injective maps of `symbols` into `pool` as maps old -> new: the identity first (the symbols must be in
+    the pool), then distinct maps drawn with `seed`; all P(len(pool), n) of them when that is <= `limit`."""
+    if limit < 2:
+        raise ValueError(f"limit: alpha-covariance needs at least 2 renamings, got {limit}")
+    names, pool = list(symbols), list(pool)
+    outside = [s for s in names if s not in pool]
+    if outside or len(set(pool)) != len(pool):
+        raise ValueError(f"pool: must hold distinct names, among them the example's; {outside} are not in it")
+    identity = tuple(names)
+    if math.perm(len(pool), len(names)) <= limit:
+        images = [identity, *(p for p in itertools.permutations(pool, len(names)) if p != identity)]
+    else:
+        rng = random.Random(seed)
+        chosen = {identity}
+        images = [identity]
+        while len(images) < limit:
+            image = tuple(rng.sample(pool, len(names)))
+            if image not in chosen:
+                chosen.add(image)
+                images.append(image)
+    return [dict(zip(names, image, strict=True)) for image in images]
+
+
 def rename_tokens(tokens: Iterable[str], mapping: Mapping[str, str]) -> list[str]:
     return [mapping.get(t, t) for t in tokens]
 
@@ -79,15 +107,20 @@ def alpha_covariance_by_count(
     per_count: int = 4,
     limit: int = 120,
     seed: int = 0,
+    pool: Sequence[str] | None = None,
 ) -> dict[int, float]:
     """alpha_cov_n for each n in `counts`: the mean over the first `per_count` examples with exactly n symbols
-    (NaN if there is none). `predict` maps examples to predicted tokens in each example's own names; it is
-    called once, on every renaming of every chosen example (one batched decoding pass)."""
+    (NaN if there is none), each under `pool_renamings` into `pool` (or, with no pool, the permutations of its
+    own names). `predict` maps examples to predicted tokens in each example's own names; it is called once, on
+    every renaming of every chosen example (one batched decoding pass)."""
     groups: list[tuple[int, list[dict[str, str]]]] = []
     renamed: list[SymbolicExample] = []
     for n in counts:
-        for ex in [e for e in examples if len(e.symbols) == n][:per_count]:
-            maps = renamings(ex.symbols, limit, seed)
+        for i, ex in enumerate([e for e in examples if len(e.symbols) == n][:per_count]):
+            if pool is None:
+                maps = renamings(ex.symbols, limit, seed)
+            else:
+                maps = pool_renamings(ex.symbols, pool, limit, seed * 1_000_003 + 1009 * n + i)
             groups.append((n, maps))
             renamed += [rename(ex, f) for f in maps]
     predictions = iter(predict(renamed) if renamed else [])

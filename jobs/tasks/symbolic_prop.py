@@ -12,13 +12,25 @@ learned table of symbol embeddings indexed by the symbol's name in the pool a..z
 table indexed by the name's rank among the example's names) or "random" (Işık et al. 2025: fresh random
 vectors).
 Training: teacher forcing, cosine + AdaCos loss, AdamW with linear warmup and cosine decay (SIT's optimiser
-settings, models.md B.3). Every `eval_every` steps: beam search (k = 3) on the test set, each prediction
-checked (jobs/data/checkers.py): Correct, Exact; and alpha-covariance at 3, 4 and 5 symbols on the first
-`alpha_examples` test formulas with that many symbols, each run under all of its n! renamings
-(jobs/data/symbolic_metrics.py has the exact definition). NaN where the test set has no such formula.
+settings, models.md B.3). Every `eval_every` steps, all decoded by beam search (k = 3) and checked
+(jobs/data/checkers.py), as the paper evaluates:
+- Correct and Exact on the held-out test set. Exact is against our targets (renaming-consistent: a renamed
+  formula's target is the renamed target); `exact_paper` against targets as the paper's data has them
+  (prop: DeepLTL writes the minimal assignment in name order, `target_order="name"`; LTL: NaN, since DeepLTL's
+  trace generator is not ours to rerun, see PaperData).
+- Heatmap accuracy on an open-vocabulary grid (formula size bins of `grid_size_bin` x 1..`grid_max_symbols`
+  symbols, up to `grid_per_cell` formulas a cell, drawn over the pool's first grid_max_symbols names apart
+  from training, as the paper's 10-AP set; with `grid_names="unseen"` every name is one never seen in
+  training, drawn from the pool beyond the first `num_symbols`): Correct per cell, `heatmap_accuracy` =
+  the mean over non-empty cells, `open_vocab_correct` = Correct over the grid's formulas with more symbols
+  than training had. heatmap.png and heatmap.csv per trial (last report).
+- Alpha-covariance at 3, 4 and 5 symbols on up to `alpha_examples` formulas per count (a set of its own
+  from the training distribution, apart from training), each under `max_renamings` random renamings into
+  the whole name pool a..z, identity first (ITE's resymbolize_eval; jobs/data/symbolic_metrics.py).
 
-`summarize` builds the parent run's report: Correct / Exact / alpha-covariance per variant, mean ± std over
-seeds (report.md, report.csv) and one line per trial (trials.csv).
+`summarize` builds the parent run's report: per variant, mean ± std over seeds of every score beside the
+paper's number (report.md, report.csv), one line per trial (trials.csv), and the heatmaps averaged over
+seeds (heatmap.png, a panel per variant, and heatmap.csv).
 
 The registered model (`build_model`) is `PackedSymbolic`: the transformer behind a one-tensor interface,
 since the registry infers a signature from `model(example_input)`. Its input is a float tensor [B, S, 2] of
@@ -43,7 +55,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import annotated_types as at
 import torch
@@ -64,6 +76,7 @@ from jobs.data.symbolic import (
     encode,
     load_or_generate,
     make_example,
+    rename,
 )
 from jobs.data.symbolic_metrics import alpha_covariance_by_count, correct_rate, exact_rate
 from jobs.layers.symbolic_transformer import SymbolicModelConfig, SymbolInvariantTransformer, parse_ablation
@@ -133,11 +146,21 @@ class SymbolicConfig:
     """Evaluate, report and checkpoint every this many steps (and at the last step)."""
     beam_size: Annotated[int, at.Ge(1)] = 3
     """Beam width of the evaluation decoding (SIT: 3)."""
-    alpha_examples: Annotated[int, at.Ge(0)] = 4
-    """Test formulas per symbol count (3, 4, 5) run under all their renamings for alpha-covariance (6, 24 and
-    120 decodings each); 0 skips the measurement (the metrics are then NaN)."""
+    alpha_examples: Annotated[int, at.Ge(0)] = 100
+    """Formulas per symbol count (3, 4, 5) for alpha-covariance (the issue: >= 100), each run under
+    `max_renamings` renamings into the name pool; generated apart from training. 0 skips it (NaN)."""
     max_renamings: Annotated[int, at.Ge(2)] = 120
-    """Most renamings per formula (a seeded sample beyond this; 5! = 120 needs none)."""
+    """Renamings per formula for alpha-covariance, the identity and a seeded sample of maps into the pool
+    a..z (ITE: --max-perm 120)."""
+    grid_max_symbols: Annotated[int, at.Ge(1), at.Le(26)] = 10
+    """Open-vocabulary heatmap: symbol counts 1..this (the paper's 10-AP evaluation after training on 5)."""
+    grid_size_bin: Annotated[int, at.Ge(1)] = 5
+    """Heatmap: width of the formula-size bins (1-5, 6-10, ... up to max_size)."""
+    grid_per_cell: Annotated[int, at.Ge(0)] = 10
+    """Heatmap: formulas per (symbol count, size bin) cell (fewer where few exist); 0 skips the heatmap."""
+    grid_names: Literal["unseen", "first"] = "unseen"
+    """Heatmap names: unseen (every formula renamed into names never seen in training: the pool beyond the
+    first num_symbols) or first (the pool's first n names, as the paper's 10-AP data: a..j)."""
     eval_batch_size: Annotated[int, at.Gt(0)] = 128
     """Inputs per beam-search call (each runs beam_size hypotheses)."""
     seed: Annotated[int, at.Ge(0)] = 0
@@ -159,6 +182,11 @@ class SymbolicConfig:
             raise ValueError(f"eval_every: must be <= steps ({self.steps}), got {self.eval_every}; lower it")
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps: must be < steps ({self.steps}), got {self.warmup_steps}")
+        if self.grid_names == "unseen" and self.grid_max_symbols > 26 - self.num_symbols:
+            raise ValueError(
+                f"grid_max_symbols: with grid_names='unseen' at most {26 - self.num_symbols} (the 26 names less the "
+                f"{self.num_symbols} seen in training), got {self.grid_max_symbols}"
+            )
 
 
 @dataclass(frozen=True)
@@ -178,6 +206,47 @@ class SymbolicData:
     """Two hand-written formulas for example_input."""
     pool: tuple[str, ...]
     """The name pool (a..z): the name-indexed baseline's table rows, and what renamings draw from."""
+    paper: PaperData
+    """The paper's numbers and targets, for the report."""
+
+
+@dataclass(frozen=True)
+class PaperData:
+    """What the paper reports for a task (models.md B.2, B.6: the SIT paper's tables as a paper-note site gives
+    them) and how its data writes a target."""
+
+    title: str
+    numbers: dict[str, dict[str, float]]
+    """variant -> {score column: percent}; the ablations' "heatmap accuracy" under heatmap_accuracy."""
+    note: str
+    target: Callable[[Sequence[str]], list[str]] | None = None
+    """The target the paper's data has for a formula (None: we cannot rebuild it; exact_paper is NaN)."""
+
+
+def _name_ordered_target(formula: Sequence[str]) -> list[str]:
+    """DeepLTL's prop target: the minimal assignment written (and chosen) in name order."""
+    assignment = propositional.minimal_assignment(formula, "name")
+    return [] if assignment is None else propositional.assignment_tokens(assignment)
+
+
+PAPER_PROP = PaperData(
+    title="SIT paper, PropRandom35 (800k training formulas, 8+8 layers of width 64, 50 epochs)",
+    numbers={
+        "EP-DP-EA-DA-CP": {"correct": 98.03, "exact": 60.96, "alpha_cov_5": 100.0, "heatmap_accuracy": 95.05},
+        "-EA": {"heatmap_accuracy": 92.47},
+        "-DA": {"heatmap_accuracy": 84.48},
+        "-EA-DA": {"heatmap_accuracy": 72.35},
+        "-DP": {"heatmap_accuracy": 46.55},
+        "-CP+CA": {"heatmap_accuracy": 28.51},
+        "fixed": {"correct": 95.62, "exact": 57.94, "alpha_cov_5": 76.02},
+        "random": {"correct": 93.25, "exact": 56.45, "alpha_cov_5": 92.98},
+    },
+    note="With 80k training formulas (reduced) the paper has SIT 70.43 / 35.81 / 100.0 and the fixed baseline "
+    "63.26 / 29.31 / 53.31 (Correct / Exact / alpha-cov 5). The paper's Exact is against name-ordered targets: "
+    "compare it with our exact_paper. Which reading of aggregated attention the paper ran is not known to us: "
+    "its numbers stand beside both.",
+    target=_name_ordered_target,
+)
 
 
 def _generate_prop(cfg: SymbolicConfig, count: int, seed: int) -> list[SymbolicExample]:
@@ -195,11 +264,15 @@ PROP = SymbolicData(
     max_target_tokens=lambda cfg: 2 * cfg.num_symbols,  # one (variable, value) pair per variable at most
     examples=(("&", "a", "!", "b"), ("xor", "a", "<->", "b", "c")),
     pool=propositional.VARIABLES,
+    paper=PAPER_PROP,
 )
 
 METRICS = {
     "correct": "max",
     "exact": "max",
+    "exact_paper": "max",
+    "heatmap_accuracy": "max",
+    "open_vocab_correct": "max",
     "alpha_cov_3": "max",
     "alpha_cov_4": "max",
     "alpha_cov_5": "max",
@@ -285,6 +358,80 @@ def make_data(cfg: SymbolicConfig, data: SymbolicData) -> tuple[list[SymbolicExa
     return examples[cfg.test_examples :], examples[: cfg.test_examples]
 
 
+def _cached(
+    cfg: SymbolicConfig, data: SymbolicData, what: str, make: Callable[[], list[SymbolicExample]]
+) -> list[SymbolicExample]:
+    if cfg.cache_dir is None:
+        return make()
+    count = cfg.train_examples + cfg.test_examples  # the training set these are kept apart from
+    key = json.dumps(
+        {"version": 2, "what": what, "count": count, **{k: getattr(cfg, k) for k in DATA_KEYS}}, sort_keys=True
+    )
+    path = Path(cfg.cache_dir).expanduser() / f"{data.name}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+    return load_or_generate(path, make)
+
+
+def _draw_apart(
+    cfg: SymbolicConfig, data: SymbolicData, count: int, seed: int, symbols: int, seen: set[tuple[str, ...]]
+) -> list[SymbolicExample]:
+    """`count` formulas of the training distribution over the pool's first `symbols` names, drawn with `seed`,
+    less those training holds."""
+    drawn = data.generate(dataclasses.replace(cfg, num_symbols=symbols), count, seed)
+    return [ex for ex in drawn if tuple(ex.src) not in seen]
+
+
+def size_bins(cfg: SymbolicConfig) -> list[tuple[int, int]]:
+    """The heatmap's formula-size bins: (1, w), (w + 1, 2w), ... up to max_size."""
+    w = cfg.grid_size_bin
+    return [(lo, min(lo + w - 1, cfg.max_size)) for lo in range(1, cfg.max_size + 1, w)]
+
+
+def make_grid(
+    cfg: SymbolicConfig, data: SymbolicData, train: Sequence[SymbolicExample]
+) -> list[tuple[int, int, SymbolicExample]]:
+    """The open-vocabulary heatmap set: (symbol count n, size-bin index, example), up to grid_per_cell a cell.
+
+    As the paper's 10-AP evaluation data: formulas of the training distribution drawn over the pool's first
+    grid_max_symbols names (a..j), sorted into cells by their number of distinct symbols and their size;
+    cells that few such formulas reach (many symbols in a small formula, 1 symbol in a large one) stay sparse
+    or empty. With grid_names="unseen" each formula is then renamed into names never seen in training."""
+    if cfg.grid_per_cell == 0:
+        return []
+    seen = {tuple(ex.src) for ex in train}
+    bins = size_bins(cfg)
+    want = 2 * cfg.grid_per_cell * len(bins) * cfg.grid_max_symbols
+    seed = cfg.data_seed * 7919 + 101
+    drawn = _cached(
+        cfg, data, f"grid-{want}-{cfg.grid_max_symbols}",
+        lambda: _draw_apart(cfg, data, want, seed, cfg.grid_max_symbols, seen),
+    )  # fmt: skip
+    rng = random.Random(seed)
+    fill: dict[tuple[int, int], int] = {}
+    out: list[tuple[int, int, SymbolicExample]] = []
+    for ex in drawn:
+        n, b = len(ex.symbols), (len(ex.src) - 1) // cfg.grid_size_bin
+        if b >= len(bins) or fill.get((n, b), 0) >= cfg.grid_per_cell:
+            continue
+        fill[(n, b)] = fill.get((n, b), 0) + 1
+        if cfg.grid_names == "unseen":
+            names = rng.sample(data.pool[cfg.num_symbols :], n)
+            ex = rename(ex, dict(zip(ex.symbols, names, strict=True)))
+        out.append((n, b, ex))
+    return out
+
+
+def make_alpha_set(cfg: SymbolicConfig, data: SymbolicData, train: Sequence[SymbolicExample]) -> list[SymbolicExample]:
+    """Up to alpha_examples formulas with exactly n symbols for n = 3, 4, 5, of the training distribution, apart
+    from training (the first of each count; alpha_covariance_by_count picks them)."""
+    if cfg.alpha_examples == 0:
+        return []
+    seen = {tuple(ex.src) for ex in train}
+    want = 10 * cfg.alpha_examples * len(ALPHA_COUNTS)  # 4 symbols of 5 in a small formula can be rare
+    seed = cfg.data_seed * 7919 + 202
+    drawn = _cached(cfg, data, f"alpha-{want}", lambda: _draw_apart(cfg, data, want, seed, cfg.num_symbols, seen))
+    return [ex for ex in drawn if len(ex.symbols) in ALPHA_COUNTS]
+
+
 def get_lr(cfg: SymbolicConfig, step: int) -> float:
     """Step 1..steps: linear warmup to lr, then cosine decay to 0 (SIT: cosine schedule with warmup)."""
     if step <= cfg.warmup_steps:
@@ -312,25 +459,124 @@ def predict(
     return out
 
 
+@dataclass(frozen=True)
+class EvalSets:
+    test: list[SymbolicExample]
+    grid: list[tuple[int, int, SymbolicExample]]
+    alpha: list[SymbolicExample]
+
+
+Cell = list[float]
+"""One heatmap cell: [symbols, size_lo, size_hi, formulas, correct]."""
+
+
+def heatmap_cells(
+    cfg: SymbolicConfig, grid: Sequence[tuple[int, int, SymbolicExample]], outcomes: Sequence[Outcome]
+) -> list[Cell]:
+    bins = size_bins(cfg)
+    per: dict[tuple[int, int], list[bool]] = {}
+    for (n, b, _), o in zip(grid, outcomes, strict=True):
+        per.setdefault((n, b), []).append(o in ("exact", "correct"))
+    return [
+        [n, bins[b][0], bins[b][1], len(v), sum(v) / len(v)] for (n, b), v in sorted(per.items())
+    ]  # fmt: skip
+
+
 def evaluate(
-    model: SymbolInvariantTransformer, test: Sequence[SymbolicExample], data: SymbolicData, cfg: SymbolicConfig,
-    device: torch.device,
-) -> tuple[dict[str, float], list[list[str]], list[Outcome]]:  # fmt: skip
-    """Correct / Exact / outcome rates on the test set and alpha-covariance per symbol count."""
+    model: SymbolInvariantTransformer, sets: EvalSets, data: SymbolicData, cfg: SymbolicConfig, device: torch.device,
+) -> tuple[dict[str, Any], list[list[str]], list[Outcome]]:  # fmt: skip
+    """Correct / Exact / exact_paper / outcome rates on the test set, the heatmap on the grid set and
+    alpha-covariance per symbol count (module docstring). metrics["heatmap"] holds the cells."""
     was_training = model.training
     model.eval()
     max_tokens = data.max_target_tokens(cfg)
-    predictions = predict(model, test, data.vocab, cfg, max_tokens, device, data.pool)
+
+    def run(xs: Sequence[SymbolicExample]) -> list[list[str]]:
+        return predict(model, xs, data.vocab, cfg, max_tokens, device, data.pool)
+
+    test = sets.test
+    predictions = run(test)
     outcomes = [data.check(ex.src, p, ex.tgt) for ex, p in zip(test, predictions, strict=True)]
-    metrics = {"correct": correct_rate(outcomes), "exact": exact_rate(outcomes)}
+    metrics: dict[str, Any] = {"correct": correct_rate(outcomes), "exact": exact_rate(outcomes)}
     metrics |= {f"outcome/{o}": sum(x == o for x in outcomes) / len(outcomes) for o in OUTCOMES}
+    target = data.paper.target
+    metrics["exact_paper"] = (
+        math.nan
+        if target is None
+        else sum(p == target(ex.src) for ex, p in zip(test, predictions, strict=True)) / len(test)
+    )
+    if sets.grid:
+        grid_outcomes = [
+            data.check(ex.src, p, ex.tgt)
+            for (_, _, ex), p in zip(sets.grid, run([g[2] for g in sets.grid]), strict=True)
+        ]
+        cells = heatmap_cells(cfg, sets.grid, grid_outcomes)
+        metrics["heatmap_accuracy"] = statistics.fmean(c[4] for c in cells)
+        beyond = [o for (n, _, _), o in zip(sets.grid, grid_outcomes, strict=True) if n > cfg.num_symbols]
+        metrics["open_vocab_correct"] = correct_rate(beyond)
+        metrics["heatmap"] = cells
+    else:
+        metrics |= {"heatmap_accuracy": math.nan, "open_vocab_correct": math.nan, "heatmap": []}
     alpha = alpha_covariance_by_count(
-        lambda xs: predict(model, xs, data.vocab, cfg, max_tokens, device, data.pool), test, ALPHA_COUNTS,
-        cfg.alpha_examples, cfg.max_renamings, seed=cfg.data_seed,
-    )  # fmt: skip
+        run, sets.alpha, ALPHA_COUNTS, cfg.alpha_examples, cfg.max_renamings, seed=cfg.data_seed, pool=data.pool
+    )
     metrics |= {f"alpha_cov_{n}": alpha[n] for n in ALPHA_COUNTS}
     model.train(was_training)
     return metrics, predictions, outcomes
+
+
+def heatmap_csv(cells: Sequence[Cell]) -> bytes:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["symbols", "size_lo", "size_hi", "formulas", "correct"])
+    writer.writerows(cells)
+    return buf.getvalue().encode()
+
+
+def _draw_heatmap(ax: Any, cells: Sequence[Cell], cfg_symbols: int, title: str) -> Any:
+    """Correct per (size bin, symbol count) on `ax`, annotated in percent; the training symbol count marked."""
+    import numpy as np
+
+    counts = sorted({int(c[0]) for c in cells})
+    bins = sorted({(int(c[1]), int(c[2])) for c in cells})
+    grid = np.full((len(bins), len(counts)), np.nan)
+    for n, lo, hi, _, correct in cells:
+        grid[bins.index((int(lo), int(hi))), counts.index(int(n))] = correct
+    image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", origin="lower", aspect="auto")
+    for i in range(len(bins)):
+        for j in range(len(counts)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{100 * grid[i, j]:.0f}", ha="center", va="center", fontsize=6,
+                        color="white" if grid[i, j] < 0.6 else "black")  # fmt: skip
+    ax.set_xticks(range(len(counts)), [str(c) for c in counts], fontsize=7)
+    ax.set_yticks(range(len(bins)), [f"{lo}-{hi}" for lo, hi in bins], fontsize=7)
+    if cfg_symbols in counts:
+        ax.axvline(counts.index(cfg_symbols) + 0.5, color="red", lw=1)
+    ax.set_xlabel("symbols (red line: most in training)", fontsize=7)
+    ax.set_ylabel("formula size", fontsize=7)
+    ax.set_title(title, fontsize=8)
+    return image
+
+
+def heatmap_png(panels: Sequence[tuple[str, Sequence[Cell]]], train_symbols: int, suptitle: str) -> bytes:
+    """One heatmap panel per (title, cells)."""
+    from matplotlib.figure import Figure  # no pyplot: no global figure state, safe in a worker thread
+
+    cols = min(4, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(3.4 * cols + 0.6, 3.0 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    image = None
+    for ax, (title, cells) in zip(axes.flat, panels, strict=False):
+        image = _draw_heatmap(ax, cells, train_symbols, title) if cells else None
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.8, label="Correct")
+    fig.suptitle(suptitle, fontsize=9)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    return buf.getvalue()
 
 
 def predictions_markdown(
@@ -357,6 +603,7 @@ def run(cfg: SymbolicConfig, session: Session, data: SymbolicData) -> None:
         raise ValueError(f"batch_size: must be a multiple of the {world} workers, got {cfg.batch_size}")
     clock = time.perf_counter()
     train_set, test_set = make_data(cfg, data)
+    sets = EvalSets(test_set, make_grid(cfg, data, train_set), make_alpha_set(cfg, data, train_set))
     data_seconds = time.perf_counter() - clock
     encoded: list[Encoded] = [encode(ex, data.vocab, data.pool) for ex in train_set]
     raw = build_for(cfg, data)  # checkpoints hold the unwrapped module's state (house style)
@@ -404,7 +651,8 @@ def run(cfg: SymbolicConfig, session: Session, data: SymbolicData) -> None:
         if step % cfg.eval_every == 0 or step == cfg.steps:
             train_seconds = time.perf_counter() - train_clock
             clock = time.perf_counter()
-            scores, predictions, outcomes = evaluate(model, test_set, data, cfg, device)
+            scores, predictions, outcomes = evaluate(model, sets, data, cfg, device)
+            cells = scores.pop("heatmap")
             metrics: dict[str, Any] = {
                 **scores,
                 "train/loss": statistics.fmean(losses),  # mean since the last report
@@ -415,8 +663,12 @@ def run(cfg: SymbolicConfig, session: Session, data: SymbolicData) -> None:
                 "data_seconds": data_seconds,
             }
             if step == cfg.steps:  # summarize() aggregates these rows across trials
-                metrics["table"] = TableRows([_row(cfg, scores, params)])
+                metrics["table"] = TableRows([_row(cfg, scores, params, cells)])
                 session.log_artifact("predictions.md", predictions_markdown(test_set, predictions, outcomes))
+                if cells:
+                    session.log_artifact("heatmap.csv", heatmap_csv(cells))
+                    title = f"{data.name} {cfg.variant}, seed {cfg.seed}: Correct per cell"
+                    session.log_artifact("heatmap.png", heatmap_png([(cfg.variant, cells)], cfg.num_symbols, title))
             state = {
                 "model": {k: v.detach().clone() for k, v in raw.state_dict().items()},
                 "optimizer": copy.deepcopy(optimizer.state_dict()),  # a copy: later steps must not mutate it
@@ -430,18 +682,21 @@ def run(cfg: SymbolicConfig, session: Session, data: SymbolicData) -> None:
 
 # --- the parent run's report (summarize is called by the worker with the rows of every trial)
 
-SCORE_COLUMNS = ("correct", "exact", "alpha_cov_3", "alpha_cov_4", "alpha_cov_5")
+SCORE_COLUMNS = (
+    "correct", "exact", "exact_paper", "heatmap_accuracy", "open_vocab_correct", "alpha_cov_3", "alpha_cov_4",
+    "alpha_cov_5",
+)  # fmt: skip
+SCORE_HEADS = ("Correct", "Exact", "Exact (paper targets)", "Heatmap", "Open vocab", "α-cov 3", "α-cov 4", "α-cov 5")
 TRIAL_KEYS = tuple(f.name for f in dataclasses.fields(SymbolicConfig))
-# The SIT paper's table (models.md B.6, normal training on 800k prop-35 formulas): Correct, Exact, α-cov (5 AP).
-PAPER_PROP = {
-    "EP-DP-EA-DA-CP": ("98.03", "60.96", "100.0"),
-    "fixed": ("95.62", "57.94", "76.02"),
-    "random": ("93.25", "56.45", "92.98"),
-}
 
 
-def _row(cfg: SymbolicConfig, scores: dict[str, float], params: int) -> dict[str, Any]:
-    return {**dataclasses.asdict(cfg), **{k: scores[k] for k in (*SCORE_COLUMNS, "outcome/invalid")}, "params": params}
+def _row(cfg: SymbolicConfig, scores: dict[str, Any], params: int, cells: list[Cell] | None = None) -> dict[str, Any]:
+    return {
+        **dataclasses.asdict(cfg),
+        **{k: scores[k] for k in (*SCORE_COLUMNS, "outcome/invalid")},
+        "params": params,
+        "heatmap": cells or [],
+    }
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -459,69 +714,115 @@ def _variant_rank(variant: str) -> tuple[int, str]:
     return (PAPER_VARIANTS.index(variant) if variant in PAPER_VARIANTS else len(PAPER_VARIANTS), variant)
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
-    """Per-trial rows -> report.md (a Correct / Exact / alpha-covariance table per variant, mean ± std over
-    seeds, in percent), report.csv (the same numbers, as fractions) and trials.csv (one line per trial)."""
-    if not rows:
-        raise ValueError("summarize: got no rows; pass the `table` metric of each finished trial, concatenated")
-    missing = [k for k in ("variant", "seed", *SCORE_COLUMNS) if k not in rows[0]]
-    if missing:
-        raise ValueError(f"summarize: rows lack {', '.join(missing)}; expected the `table` rows of symbolic.*")
-    setting_keys = [k for k in TRIAL_KEYS if k not in ("seed", "variant") and k in rows[0]]
+def _paper_cell(paper: PaperData, variant: str, column: str) -> str:
+    value = paper.numbers.get(variant.removesuffix(FUSED), {}).get(column)
+    return "–" if value is None else f"{value:.2f}"
 
-    def hashable(v: Any) -> Any:
-        return tuple(v) if isinstance(v, list) else v
 
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["variant"], *(hashable(r.get(k)) for k in setting_keys)), []).append(r)
-    varying = [k for i, k in enumerate(setting_keys) if len({g[i + 1] for g in groups}) > 1]
-    summary = []
-    for key, members in sorted(groups.items(), key=lambda kv: (_variant_rank(kv[0][0]), str(kv[0][1:]))):
-        line: dict[str, Any] = {"variant": key[0], **{k: members[0].get(k) for k in varying}}
-        line["seeds"] = len(members)
-        for col in SCORE_COLUMNS:
-            line[f"{col}_mean"], line[f"{col}_std"] = _mean_std([float(m[col]) for m in members])
-        summary.append(line)
+def _mean_cells(members: list[dict[str, Any]]) -> list[list[float]]:
+    """The heatmap cells averaged over seeds: [symbols, size_lo, size_hi, formulas, mean, std, seeds] (Correct)."""
+    per: dict[tuple[int, int, int], list[tuple[float, float]]] = {}
+    for m in members:
+        for n, lo, hi, count, correct in m.get("heatmap") or []:
+            per.setdefault((int(n), int(lo), int(hi)), []).append((count, correct))
+    out = []
+    for (n, lo, hi), v in sorted(per.items()):
+        mean, std = _mean_std([c for _, c in v])
+        out.append([n, lo, hi, v[0][0], mean, std, len(v)])
+    return out
 
-    files: dict[str, bytes] = {}
-    columns = ["variant", *varying, "seeds", *(f"{c}_{s}" for c in SCORE_COLUMNS for s in ("mean", "std"))]
-    for name, cols, data in (
-        ("report.csv", columns, summary),
-        ("trials.csv", ["variant", "seed", *setting_keys, *SCORE_COLUMNS, "outcome/invalid", "params"], rows),
-    ):
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(data)
-        files[name] = buf.getvalue().encode()
 
-    head = ["variant", *varying, "seeds", "Correct %", "Exact %", "α-cov 3 %", "α-cov 4 %", "α-cov 5 %"]
-    lines = [
-        "# Symbol-invariant transformer: Correct / Exact / alpha-covariance",
-        "",
-        "Mean ± std over seeds (sample std; 0 for one seed). Correct: semantically valid witness; Exact: equal",
-        "to the reference; α-cov n: 1 - (distinct predictions - 1) / (renamings - 1) over the n! renamings of",
-        "test formulas with n symbols. Baselines: fixed = learned symbol table, random = Işık et al. 2025.",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
-    for line in summary:
-        cells = [str(line["variant"]), *(str(line[k]) for k in varying), str(line["seeds"])]
-        cells += [_percent(line[f"{c}_mean"], line[f"{c}_std"]) for c in SCORE_COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "Paper (SIT, PropRandom35, 800k training formulas, 8+8 layers; models.md B.6): Correct / Exact / α-cov 5",
-        "",
-        "| variant | Correct % | Exact % | α-cov 5 % |",
-        "|---|---|---|---|",
-        *(f"| {v} | {' | '.join(nums)} |" for v, nums in PAPER_PROP.items()),
-        "",
-    ]
-    files["report.md"] = "\n".join(lines).encode()
-    return files
+def make_summarize(paper: PaperData) -> Callable[[list[dict[str, Any]]], dict[str, bytes]]:
+    """summarize(rows) of a symbolic task whose paper numbers are `paper`."""
+
+    def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
+        """Per-trial rows -> report.md (every score per variant, mean ± std over seeds in percent, each beside the
+        paper's number), report.csv (the same, as fractions), trials.csv (one line per trial), heatmap.csv and
+        heatmap.png (Correct per cell averaged over seeds, a panel per variant)."""
+        if not rows:
+            raise ValueError("summarize: got no rows; pass the `table` metric of each finished trial, concatenated")
+        missing = [k for k in ("variant", "seed", "correct", "exact", "alpha_cov_5") if k not in rows[0]]
+        if missing:
+            raise ValueError(f"summarize: rows lack {', '.join(missing)}; expected the `table` rows of symbolic.*")
+        setting_keys = [k for k in TRIAL_KEYS if k not in ("seed", "variant") and k in rows[0]]
+
+        def hashable(v: Any) -> Any:
+            return tuple(v) if isinstance(v, list) else v
+
+        groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for r in rows:
+            groups.setdefault((r["variant"], *(hashable(r.get(k)) for k in setting_keys)), []).append(r)
+        varying = [k for i, k in enumerate(setting_keys) if len({g[i + 1] for g in groups}) > 1]
+        summary = []
+        heatmaps: list[tuple[str, list[list[float]]]] = []
+        for key, members in sorted(groups.items(), key=lambda kv: (_variant_rank(kv[0][0]), str(kv[0][1:]))):
+            line: dict[str, Any] = {"variant": key[0], **{k: members[0].get(k) for k in varying}}
+            line["seeds"] = len(members)
+            for col in SCORE_COLUMNS:
+                line[f"{col}_mean"], line[f"{col}_std"] = _mean_std([float(m.get(col, math.nan)) for m in members])
+            summary.append(line)
+            cells = _mean_cells(members)
+            if cells:
+                label = " ".join([str(key[0]), *(f"{k}={members[0].get(k)}" for k in varying)])
+                heatmaps.append((label, cells))
+
+        files: dict[str, bytes] = {}
+        columns = ["variant", *varying, "seeds", *(f"{c}_{s}" for c in SCORE_COLUMNS for s in ("mean", "std"))]
+        trial_columns = ["variant", "seed", *setting_keys, *SCORE_COLUMNS, "outcome/invalid", "params"]
+        for name, cols, data in (("report.csv", columns, summary), ("trials.csv", trial_columns, rows)):
+            buf = io.StringIO()
+            writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(data)
+            files[name] = buf.getvalue().encode()
+        if heatmaps:
+            buf = io.StringIO()
+            writer = csv.writer(buf, lineterminator="\n")
+            writer.writerow(
+                ["variant", "symbols", "size_lo", "size_hi", "formulas", "correct_mean", "correct_std", "seeds"]
+            )
+            writer.writerows([label, *cell] for label, cells in heatmaps for cell in cells)
+            files["heatmap.csv"] = buf.getvalue().encode()
+            panels = [(label, [c[:3] + [c[3], c[4]] for c in cells]) for label, cells in heatmaps]
+            train_symbols = int(rows[0].get("num_symbols", 5))
+            files["heatmap.png"] = heatmap_png(panels, train_symbols, "Correct per cell, mean over seeds")
+
+        paper_cols = ("correct", "exact", "alpha_cov_5", "heatmap_accuracy")
+        head = ["variant", *varying, "seeds"]
+        for col, title in zip(SCORE_COLUMNS, SCORE_HEADS, strict=True):
+            head.append(f"{title} %")
+            if col in paper_cols:
+                head.append("paper")
+        lines = [
+            "# Symbol-invariant transformer: ours beside the paper",
+            "",
+            "Ours: mean ± std over seeds (sample std; 0 for one seed), percent. Correct: a semantically valid witness;",
+            "Exact: equal to our target (renaming-consistent); Exact (paper targets): equal to the target as the",
+            "paper's data writes it; Heatmap: mean Correct over the cells of formula size x symbol count on the",
+            "open-vocabulary grid (heatmap.png); Open vocab: Correct on the grid's formulas with more symbols than",
+            "training had; α-cov n: 1 - (distinct predictions - 1) / (renamings - 1) over random renamings into the",
+            "whole name pool, mapped back. Variants: paper ablations (suffix /fused: the seed's aggregated attention),",
+            "fixed = name-indexed symbol table (the paper's baseline), fixed_rank = rank-indexed, random = Işık et",
+            "al. 2025. paper: " + paper.title + ".",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+        ]
+        for line in summary:
+            cells_md = [str(line["variant"]), *(str(line[k]) for k in varying), str(line["seeds"])]
+            for col in SCORE_COLUMNS:
+                cells_md.append(_percent(line[f"{col}_mean"], line[f"{col}_std"]))
+                if col in paper_cols:
+                    cells_md.append(_paper_cell(paper, str(line["variant"]), col))
+            lines.append("| " + " | ".join(cells_md) + " |")
+        lines += ["", paper.note, ""]
+        files["report.md"] = "\n".join(lines).encode()
+        return files
+
+    return summarize
+
+
+summarize = make_summarize(PAPER_PROP)
 
 
 TASK = Task(

@@ -15,6 +15,7 @@ from jobs.data.symbolic_metrics import (
     correct_rate,
     exact_rate,
     inverse,
+    pool_renamings,
     rename_tokens,
     renamings,
 )
@@ -92,3 +93,34 @@ def test_alpha_covariance_by_count_regroups_the_renamings() -> None:
 
     scores = alpha_covariance_by_count(smallest_name, examples, counts=(3, 4))
     assert scores == {3: 1 - (3 - 1) / (6 - 1), 4: 1 - (4 - 1) / (24 - 1)}  # every variable gets named once
+
+
+POOL = tuple("abcdefghijklmnopqrstuvwxyz")
+
+
+def test_pool_renamings_map_into_the_whole_pool_identity_first() -> None:
+    maps = pool_renamings(["b", "d", "e"], POOL, limit=120, seed=3)
+    assert maps[0] == {"b": "b", "d": "d", "e": "e"} and len(maps) == 120
+    images = [tuple(m[s] for s in ("b", "d", "e")) for m in maps]
+    assert len(set(images)) == 120 and all(len(set(i)) == 3 for i in images)  # distinct, injective
+    used = {name for i in images for name in i}
+    assert len(used) > 20  # names from the whole pool, not only the example's own
+    assert maps == pool_renamings(["b", "d", "e"], POOL, limit=120, seed=3)  # seeded
+    small = pool_renamings(["a", "b"], ("a", "b", "c"), limit=100)
+    assert len(small) == 6 and small[0] == {"a": "a", "b": "b"}  # all P(3, 2) maps when they fit
+    with pytest.raises(ValueError, match=r"\['z'\] are not in it"):
+        pool_renamings(["a", "z"], ("a", "b", "c"))
+
+
+def test_pool_renamings_catch_a_model_that_reads_names_the_permutations_miss() -> None:
+    """A predictor that reads the name itself (as the name-indexed baseline does) but keeps the structure when
+    the order of the names is kept: the example's own permutations cannot see it; renamings into the pool do."""
+    examples = [make_example(["&", "a", "|", "b", "c"], ["a", "1"], PROP_VOCAB)]
+
+    def late_names_fail(xs: list[SymbolicExample]) -> list[list[str]]:
+        return [[x.src[1], "1" if max(x.symbols) < "m" else "0"] for x in xs]
+
+    assert alpha_covariance_by_count(late_names_fail, examples, counts=(3,)) == {3: 1.0}
+    score = alpha_covariance_by_count(late_names_fail, examples, counts=(3,), limit=50, pool=POOL)[3]
+    assert 0 < score < 1  # two distinct predictions among 50: 1 - 1/49
+    assert score == pytest.approx(1 - 1 / 49)

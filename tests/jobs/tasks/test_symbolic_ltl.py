@@ -19,6 +19,7 @@ from jobs.tasks.symbolic_prop import METRICS, SymbolicConfig  # noqa: E402
 TINY = SymbolicConfig(
     d_model=16, heads=2, ff=32, layers=1, dropout=0.0, max_size=16, max_trace_tokens=24, train_examples=150,
     test_examples=30, batch_size=16, steps=8, eval_every=4, warmup_steps=2, lr=3e-3, alpha_examples=1,
+    max_renamings=4, grid_max_symbols=3, grid_per_cell=1,
 )  # fmt: skip
 
 
@@ -38,5 +39,10 @@ def test_tiny_ltl_run_reports_every_metric() -> None:
         assert set(METRICS) <= set(h) and 0 <= h["exact"] <= h["correct"] <= 1
         assert math.isclose(sum(h[f"outcome/{o}"] for o in ("exact", "correct", "incorrect", "invalid")), 1)
         assert all(math.isnan(h[f"alpha_cov_{n}"]) or h[f"alpha_cov_{n}"] == 1.0 for n in (3, 4, 5))
+        assert math.isnan(h["exact_paper"]) and 0 <= h["heatmap_accuracy"] <= 1  # no paper targets for LTL
     assert session.history[-1]["table"][0]["correct"] == session.history[-1]["correct"]
     assert b"| formula | target | prediction | outcome |" in session.artifacts["predictions.md"]
+    cells = session.history[-1]["table"][0]["heatmap"]
+    assert cells and all(c[3] == 1 for c in cells) and "heatmap.png" in session.artifacts  # grid_per_cell 1
+    report = TASK.summarize(session.history[-1]["table"]).get("report.md", b"").decode()  # type: ignore[misc]
+    assert "| -DA " not in report and "LTLRandom35" in report  # the LTL paper's numbers, not prop's

@@ -17,19 +17,25 @@ import torch
 from pydantic import TypeAdapter, ValidationError
 
 from jobs.config import field_docs
+from jobs.data import propositional
 from jobs.data.checkers import check_assignment
 from jobs.data.symbolic import EOS_ID, PAD_ID, collate, decode
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
 from jobs.tasks.symbolic_prop import (
+    ALPHA_COUNTS,
     METRICS,
+    PAPER_PROP,
     PROP,
     TASK,
     PackedSymbolic,
     SymbolicConfig,
     build_model,
     example_input,
+    make_alpha_set,
     make_data,
+    make_grid,
+    size_bins,
     summarize,
     train,
 )
@@ -38,7 +44,8 @@ REPO = Path(__file__).resolve().parents[3]
 # ~2-5 s per run on one loaded core: formulas up to 20 tokens, a 1+1-layer model of width 16.
 TINY = SymbolicConfig(
     d_model=16, heads=2, ff=32, layers=1, dropout=0.0, max_size=20, train_examples=300, test_examples=30,
-    batch_size=16, steps=12, eval_every=6, warmup_steps=2, lr=3e-3, alpha_examples=1, eval_batch_size=64,
+    batch_size=16, steps=12, eval_every=6, warmup_steps=2, lr=3e-3, alpha_examples=2, max_renamings=6,
+    eval_batch_size=64, grid_max_symbols=7, grid_per_cell=2,
 )  # fmt: skip
 TIMING = ("train_seconds", "eval_seconds", "data_seconds")
 
@@ -112,6 +119,8 @@ def test_tiny_run_trains_and_reports_every_metric(tiny_run: LocalSession) -> Non
         assert math.isclose(sum(h[f"outcome/{o}"] for o in ("exact", "correct", "incorrect", "invalid")), 1)
         # Invariant by construction, so every renaming gives the renamed prediction: exactly 1.
         assert [h[f"alpha_cov_{n}"] for n in (3, 4, 5)] == [1.0, 1.0, 1.0]
+        assert 0 <= h["exact_paper"] <= h["correct"] and 0 <= h["heatmap_accuracy"] <= 1
+        assert 0 <= h["open_vocab_correct"] <= 1 and "heatmap" not in h
     ckpt = tiny_run.last_checkpoint
     assert ckpt is not None and set(ckpt) == {"model", "optimizer", "step", "rng", "config"}
     torch.manual_seed(TINY.seed)
@@ -121,6 +130,43 @@ def test_tiny_run_trains_and_reports_every_metric(tiny_run: LocalSession) -> Non
     (row,) = history[-1]["table"]
     assert row["variant"] == "EP-DP-EA-DA-CP" and row["correct"] == history[-1]["correct"]
     assert tiny_run.artifacts["predictions.md"].startswith(b"| formula | target | prediction | outcome |")
+    cells = list(csv.reader(io.StringIO(tiny_run.artifacts["heatmap.csv"].decode())))
+    assert cells[0] == ["symbols", "size_lo", "size_hi", "formulas", "correct"]
+    assert [[float(x) for x in c] for c in cells[1:]] == row["heatmap"]
+    assert history[-1]["heatmap_accuracy"] == pytest.approx(statistics.fmean(c[4] for c in row["heatmap"]))
+    assert max(c[0] for c in row["heatmap"]) > TINY.num_symbols  # the grid reaches past training
+    assert tiny_run.artifacts["heatmap.png"].startswith(b"\x89PNG")
+
+
+def test_grid_and_alpha_sets_are_apart_from_training_and_open_vocabulary() -> None:
+    train_set, _ = make_data(TINY, PROP)
+    seen = {tuple(ex.src) for ex in train_set}
+    grid = make_grid(TINY, PROP, train_set)
+    bins = size_bins(TINY)
+    assert bins[0] == (1, 5) and bins[-1] == (16, 20)
+    cells: dict[tuple[int, int], int] = {}
+    for n, b, ex in grid:
+        assert len(ex.symbols) == n and bins[b][0] <= len(ex.src) <= bins[b][1]
+        assert not set(ex.symbols) & set("abcde")  # "unseen": no name training had
+        assert PROP.check(ex.src, ex.tgt, ex.tgt) == "exact"  # the renamed target still fits the formula
+        cells[(n, b)] = cells.get((n, b), 0) + 1
+    assert max(cells.values()) == TINY.grid_per_cell and {n for n, _ in cells} >= set(range(1, 7))  # 6 > 5 trained
+    first = make_grid(dataclasses.replace(TINY, grid_names="first"), PROP, train_set)
+    assert all(tuple(ex.src) not in seen for _, _, ex in first)
+    assert {s for _, _, ex in first for s in ex.symbols} <= set("abcdefg")
+    alpha = make_alpha_set(TINY, PROP, train_set)
+    counts = {n: sum(len(ex.symbols) == n for ex in alpha) for n in ALPHA_COUNTS}
+    assert all(c >= TINY.alpha_examples for c in counts.values()), counts
+    assert all(tuple(ex.src) not in seen for ex in alpha)
+
+
+def test_exact_paper_compares_with_the_name_ordered_target() -> None:
+    assert PAPER_PROP.target is not None
+    # | b a: the first satisfying total assignment, False first, in occurrence order (b, a) is b=0 a=1 -> `a 1`;
+    # in name order (a, b) it is a=0 b=1 -> `b 1`, which is the paper's (name-ordered) target
+    assert PAPER_PROP.target(["|", "b", "a"]) == ["b", "1"]
+    assert propositional.minimal_assignment(["|", "b", "a"]) == {"a": True}  # ours
+    assert PAPER_PROP.target(["&", "b", "!", "a"]) == ["a", "0", "b", "1"]
 
 
 def test_registered_model_reproduces_the_reported_scores(tiny_run: LocalSession) -> None:
@@ -208,7 +254,7 @@ def _fake_rows() -> list[dict[str, Any]]:
 
 def test_summarize_builds_the_table_per_variant() -> None:
     files = summarize(_fake_rows())
-    assert set(files) == {"report.md", "report.csv", "trials.csv"}
+    assert set(files) == {"report.md", "report.csv", "trials.csv"}  # no heatmap cells in these rows
     report = {r["variant"]: r for r in csv.DictReader(io.StringIO(files["report.csv"].decode()))}
     assert list(report) == ["EP-DP-EA-DA-CP", "-DA", "fixed"]  # the paper's order, baselines last
     full = report["EP-DP-EA-DA-CP"]
@@ -217,10 +263,25 @@ def test_summarize_builds_the_table_per_variant() -> None:
     assert float(report["fixed"]["alpha_cov_5_mean"]) == pytest.approx(0.6)
     assert report["-DA"]["correct_std"] == "0.0" and report["-DA"]["alpha_cov_5_mean"] == "nan"
     md = files["report.md"].decode()
-    assert "| EP-DP-EA-DA-CP | 3 | 70.0 ± 10.0 | 20.0 ± 10.0 | 100.0 ± 0.0 | 100.0 ± 0.0 | 100.0 ± 0.0 |" in md
-    assert "| fixed | 3 | 50.0 ± 10.0 | 20.0 ± 0.0 | 60.0 ± 10.0 |" in md and "| -DA | 1 | 30.0 ± 0.0 |" in md
-    assert "n/a" in md and "| EP-DP-EA-DA-CP | 98.03 | 60.96 | 100.0 |" in md  # the paper's row
+    # ours beside the paper's: Correct, Exact, Exact (paper targets), Heatmap, Open vocab, alpha-cov 3 / 4 / 5
+    assert (
+        "| EP-DP-EA-DA-CP | 3 | 70.0 ± 10.0 | 98.03 | 20.0 ± 10.0 | 60.96 | n/a | n/a | 95.05 | n/a | 100.0 ± 0.0 "
+        "| 100.0 ± 0.0 | 100.0 ± 0.0 | 100.00 |"
+    ) in md
+    assert "| fixed | 3 | 50.0 ± 10.0 | 95.62 | 20.0 ± 0.0 | 57.94 |" in md and "60.0 ± 10.0 | 76.02 |" in md
+    assert "| -DA | 1 | 30.0 ± 0.0 | – |" in md and "| n/a | 84.48 |" in md
     assert len(list(csv.DictReader(io.StringIO(files["trials.csv"].decode())))) == 7
+
+
+def test_summarize_averages_the_heatmaps_over_seeds() -> None:
+    rows = _fake_rows()[:2]
+    rows[0]["heatmap"] = [[1, 1, 5, 4, 0.5], [6, 16, 20, 2, 0.0]]
+    rows[1]["heatmap"] = [[1, 1, 5, 4, 1.0]]
+    files = summarize(rows)
+    cells = list(csv.DictReader(io.StringIO(files["heatmap.csv"].decode())))
+    assert [(c["symbols"], float(c["correct_mean"]), c["seeds"]) for c in cells] == [("1", 0.75, "2"), ("6", 0.0, "1")]
+    assert float(cells[0]["correct_std"]) == pytest.approx(statistics.stdev([0.5, 1.0]))
+    assert files["heatmap.png"].startswith(b"\x89PNG")
 
 
 def test_summarize_splits_settings_that_differ() -> None:
