@@ -34,7 +34,8 @@ RUN apt-get update \
  && mkdir -p /data && chown layerlab:layerlab /data
 
 WORKDIR /app
-COPY requirements.lock pyproject.toml README.md ./
+# Only the lock before the long dependency layer, so that edits elsewhere reuse it.
+COPY requirements.lock ./
 RUN case "$TORCH_VARIANT" in \
       cpu) grep -E '^(torch|torchvision)==' requirements.lock > /tmp/torch.txt \
         && pip install --index-url "$TORCH_INDEX" -r /tmp/torch.txt \
@@ -43,6 +44,7 @@ RUN case "$TORCH_VARIANT" in \
       cuda) pip install -r requirements.lock ;; \
       *) echo "TORCH_VARIANT=$TORCH_VARIANT: use cpu or cuda" >&2; exit 2 ;; \
     esac
+COPY pyproject.toml README.md ./
 COPY service ./service
 COPY workers ./workers
 COPY jobs ./jobs

@@ -121,8 +121,8 @@ fi
 log "building $IMAGE from $FILE (variant $VARIANT, base $BASE_IMAGE)"
 start=$(date +%s)
 [ "$FILE" = "$ROOT/Dockerfile" ] && build_args+=(--label "org.layerlab.torch-variant=$VARIANT")
-# podman writes OCI images by default, which have no HEALTHCHECK: keep the Dockerfile's.
-[ "$ENGINE" = podman ] && build_args+=(--format docker)
+# podman writes OCI images, which drop HEALTHCHECK (compose and Kubernetes define their own probes);
+# --format docker keeps it but makes podman 4.3 copy the whole image again at each commit (~8 GB here).
 $NICE $ENGINE build -f "$FILE" -t "$IMAGE" "${build_args[@]}" "${extra_args[@]}" "${volumes[@]}" \
   --label "org.opencontainers.image.revision=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)" "$CONTEXT"
 size=$($ENGINE image inspect --format '{{.Size}}' "$IMAGE")
