@@ -290,7 +290,9 @@ def check_bf16(s: Sizes, device: torch.device) -> list[Row]:
 
 def sweep_spec(gpu: bool) -> str:
     """A one-trial tversky.lm sweep run as a Ray Train job: one GPU worker, or (CPU) two gloo workers."""
-    resources = "{cpus: 2, gpus: 1}" if gpu else "{cpus: 1, workers: 2}"
+    # CPU: half a CPU per worker, so that both fit a 2-core machine beside the trial that drives them (with 1 each,
+    # the worker group's start timed out after Ray Train's 60 s there)
+    resources = "{cpus: 2, gpus: 1}" if gpu else "{cpus: 0.5, workers: 2}"
     return textwrap.dedent(
         f"""\
         name: gpu-acceptance
@@ -355,7 +357,7 @@ def check_sweep(gpu: bool, run: bool, budget_s: float) -> list[Row]:
     t0 = time.monotonic()
     try:
         subprocess.run([*cli, "up", "--detach", "--api-port", str(api), "--mlflow-port", str(mlflow)], env=env,
-                       check=True, capture_output=True, text=True, timeout=min(180.0, budget_s))  # fmt: skip
+                       check=True, capture_output=True, text=True, timeout=min(300.0, budget_s))  # fmt: skip
         up_s = time.monotonic() - t0
         done = subprocess.run([*cli, "submit", str(home / "sweep.yaml")], env=env, check=True, capture_output=True,
                               text=True, timeout=60)  # fmt: skip
