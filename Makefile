@@ -6,6 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 LAYERLAB := $(VENV)/bin/layerlab
 STAMP := $(VENV)/.installed
+# pytest-xdist processes for make test: the stack tests (Ray, servers) run in one, in order, and every other
+# module beside them (tests/conftest.py groups them); on 2 cores a third process only adds contention.
+TEST_PROCESSES ?= 2
 
 # Quiet, offline-safe defaults for Ray, MLflow and Hugging Face (stack-notes: pitfalls).
 export RAY_USAGE_STATS_ENABLED ?= 0
@@ -75,7 +78,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: install services browser podman lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
 
 # The fault and end-to-end suites against Ray 2.59.0 as well (RELIABILITY.md; about 20 minutes).
 compat: install services

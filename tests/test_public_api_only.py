@@ -34,6 +34,7 @@ DOCUMENTED_ENV = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "mlflow.environment_variables",
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "mlflow.environment_variables",
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "mlflow.environment_variables",
+    "MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD": "mlflow.environment_variables",
     "MLFLOW_DISABLE_TELEMETRY": "mlflow.org: community/usage-tracking",
     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "mlflow.environment_variables",
     "MLFLOW_S3_ENDPOINT_URL": "mlflow.org: tracking/artifact-stores (S3 and S3-compatible)",
