@@ -129,8 +129,12 @@ class ProgressCallback(tune.Callback):
         live = self.live
         if live is None or self._finished_before(live, trial.trial_id):
             return
-        step = live.iterations.get(trial.trial_id, 0)
-        live.store.trial_checkpoint(self.sweep_id, trial.trial_id, checkpoint_uri(checkpoint), step)
+        step, uri = live.iterations.get(trial.trial_id, 0), checkpoint_uri(checkpoint)
+        # Tune calls on_trial_result first: the step's metrics are already on their way to MLflow.
+        live.tracker.after_writes(
+            f"trial {trial.trial_id} checkpoint at step {step}",
+            lambda: live.store.trial_checkpoint(self.sweep_id, trial.trial_id, uri, step),
+        )
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._ended(trial, TrialState.terminated, "FINISHED")

@@ -347,6 +347,13 @@ class SweepTracker:
 
         self._submit(lambda: self._write(f"trial {trial_id} files", write), True)
 
+    def after_writes(self, what: str, then: Callable[[], None]) -> None:
+        """Call `then` once every write submitted before it is done, in order (kept back with them while
+        the server does not answer). The ledger's record of a checkpoint goes this way: recorded before
+        the metrics of the step it covers were in MLflow, a kill -9 between the two would make the next
+        attempt resume from it and never report that step again."""
+        self._submit(lambda: self._write(what, then), True)
+
     def end_trial(self, trial_id: str, status: str, then: Callable[[], None] | None = None) -> None:
         """End the trial's child run, then call `then` (the ledger's record of the end), in that order
         even when the write is kept back for an unreachable server."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -102,3 +103,27 @@ def test_a_local_store_writes_inline(tmp_path: Path) -> None:
     tracker.log_trial_metrics("t0", {"loss": 0.5}, 1)
     [trial] = store.trials(tracker.sweep_id)  # no settle: already written
     assert tracker.client.get_run(trial.mlflow_run_id).data.metrics == {"loss": 0.5}
+
+
+def test_a_checkpoint_reaches_the_ledger_only_after_the_metrics_it_covers(server: str, tmp_path: Path) -> None:
+    """ProgressCallback.on_checkpoint records the ledger's checkpoint through `after_writes`: a kill -9 while
+    the step's metrics are still on their way must leave the ledger at the older checkpoint, so that the
+    next attempt reports that step again (a ledger ahead of MLflow lost step 2 of a trial in a fault run)."""
+    tracker, store = tracker_for(tmp_path, server)
+    tracker.start_trial("t0", {"seed": 0})
+    held, recorded = threading.Event(), []
+    tracker.after_writes("hold the writer", held.wait)  # the server is slow to answer
+    tracker.log_trial_metrics("t0", {"loss": 0.5}, 2)
+    tracker.after_writes("ledger", lambda: recorded.append(tracker.client.get_run(run_of(store, "t0")).data.metrics))
+    time.sleep(0.3)
+    assert recorded == []  # still behind the metrics write: a kill now leaves the older checkpoint
+    held.set()
+    tracker.settle()
+    assert recorded == [{"loss": 0.5}]  # the metrics were in MLflow when the ledger's record was made
+    tracker.close()
+
+
+def run_of(store: QueueStore, trial_id: str) -> str:
+    [run_id] = [t.mlflow_run_id for t in store.trials(1) if t.trial_id == trial_id]
+    assert run_id is not None
+    return run_id
