@@ -107,7 +107,9 @@ class SweepPublic(BaseModel):
             mlflow=MlflowLinks(
                 experiment_id=exp,
                 parent_run_id=run,
-                experiment_url=f"{ui}/#/experiments/{exp}" if exp else None,
+                # MLflow 3.17's UI opens an experiment on its GenAI overview unless the link (or the browser's
+                # saved choice) says otherwise; it does not read the experiment's mlflow.experimentKind tag.
+                experiment_url=f"{ui}/#/experiments/{exp}/runs?workflowType=machine_learning" if exp else None,
                 parent_run_url=f"{ui}/#/experiments/{exp}/runs/{run}" if exp and run else None,
             ),
             model=RegisteredModel(name=sweep.model_name, version=sweep.model_version, alias=sweep.model_alias, uri=uri),

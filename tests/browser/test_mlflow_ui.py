@@ -1,6 +1,8 @@
-"""The MLflow UI in headless Chromium after a real sweep (issue #7): the project's MLflow server shows the
-sweep's parent run and every child run, in the experiment's runs table and on the parent run's page (the
-link the API hands out). Screenshots go to $LAYERLAB_TEST_ARTIFACTS/browser (else test-artifacts/browser).
+"""The MLflow UI in headless Chromium after a real sweep (issues #7, #22): the project's MLflow server opens
+the experiment on its training runs (no GenAI overview) and shows the sweep's parent run and every child
+run, in the experiment's runs table and on the parent run's page (the link the API hands out), and the
+parent run's summary picture renders. Screenshots go to $LAYERLAB_TEST_ARTIFACTS/browser (else
+test-artifacts/browser, git-ignored).
 
 The browser is Debian's /usr/bin/chromium (scripts/install-chromium.sh), driven by Playwright's Python
 package; Playwright's own browser download is never used."""
@@ -112,7 +114,8 @@ def test_mlflow_ui_shows_the_sweep_parent_and_child_runs(workers: Stack) -> None
 
     submitted = workers.submit(THREE_TRIALS)
     workers.start_worker("w-browser")
-    s = workers.wait_state(submitted["id"], ("succeeded", "failed", "cancelled"), timeout=180)
+    # Local Ray starts first; on the 2-core box at a load average of 12 this sweep took over 180 s.
+    s = workers.wait_state(submitted["id"], ("succeeded", "failed", "cancelled"), timeout=420)
     assert s["state"] == "succeeded", s
 
     # --- what the UI must show, read from the tracking store (names as workers/tracking.py gives them)
@@ -124,14 +127,21 @@ def test_mlflow_ui_shows_the_sweep_parent_and_child_runs(workers: Stack) -> None
     children = {r.info.run_id: r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == parent_id}
     trial_names = {f"trial-{r.data.tags['layerlab.trial_id']}" for r in runs if r.info.run_id in children}
     assert len(children) == s["trials"]["total"] == 3 and set(children.values()) == trial_names, children
+    # The task's own step rides with the metrics (the summary curves' x axis): steps 50 and 100 here.
+    for run_id in children:
+        assert [m.value for m in client.get_metric_history(run_id, "step")] == [50, 100], run_id
+    pictures = {a.path for a in client.list_artifacts(parent_id, "plots")}
+    assert "plots/accuracy_curves.png" in pictures, pictures
 
     with mlflow_ui(workers) as ui, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         try:
-            # --- the experiment's runs table. MLflow 3 opens experiments in its GenAI view unless told
-            # otherwise; workflowType=machine_learning is what the UI's "Model training" switch sets.
-            page.goto(f"{ui}/#/experiments/{exp_id}/runs?workflowType=machine_learning")
+            # --- the experiment's runs table, at the link the API returns: MLflow 3.17's UI opens an experiment
+            # on its GenAI overview unless the link says workflowType=machine_learning (it ignores the
+            # experiment's mlflow.experimentKind tag: checked in its bundle, and a tag-only link showed GenAI).
+            assert s["mlflow"]["experiment_url"].endswith("?workflowType=machine_learning"), s["mlflow"]
+            page.goto(ui + "/#" + s["mlflow"]["experiment_url"].split("#", 1)[1])
             expect(page.get_by_text("browser-xor").first).to_be_visible(timeout=60_000)
             parent_link = page.locator(f'a[href$="/runs/{parent_id}"]')
             expect(parent_link).to_have_text(parent.info.run_name, timeout=60_000)
@@ -149,6 +159,17 @@ def test_mlflow_ui_shows_the_sweep_parent_and_child_runs(workers: Stack) -> None
                 expect(child_list.locator(f'a[href$="/runs/{run_id}"]')).to_have_text(name, timeout=60_000)
             expect(page.get_by_text(parent.info.run_name).first).to_be_visible()
             _screenshot(page, "mlflow-ui-parent-run.png")
+
+            # --- a summary picture of the parent run, opened in its artifacts tab: the image must load
+            page.goto(
+                f"{ui}/#/experiments/{exp_id}/runs/{parent_id}/artifacts/plots/accuracy_curves.png?workflowType=machine_learning"
+            )
+            page.wait_for_function(
+                "() => [...document.images].some(i => i.complete && i.naturalWidth >= 400)", timeout=60_000
+            )
+            widths = page.evaluate("() => [...document.images].map(i => i.naturalWidth)")
+            assert max(widths) == 950, widths  # curves_figure's 9.5 in x 100 dpi: our picture, drawn whole
+            _screenshot(page, "mlflow-ui-parent-picture.png")
         except Exception:
             _screenshot(page, "mlflow-ui-failure.png")
             print(page.inner_text("body")[-3000:])
