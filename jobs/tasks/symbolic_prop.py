@@ -426,10 +426,20 @@ def make_alpha_set(cfg: SymbolicConfig, data: SymbolicData, train: Sequence[Symb
     if cfg.alpha_examples == 0:
         return []
     seen = {tuple(ex.src) for ex in train}
-    want = 10 * cfg.alpha_examples * len(ALPHA_COUNTS)  # 4 symbols of 5 in a small formula can be rare
-    seed = cfg.data_seed * 7919 + 202
-    drawn = _cached(cfg, data, f"alpha-{want}", lambda: _draw_apart(cfg, data, want, seed, cfg.num_symbols, seen))
-    return [ex for ex in drawn if len(ex.symbols) in ALPHA_COUNTS]
+    counts = [n for n in ALPHA_COUNTS if n <= cfg.num_symbols]
+    for factor in (3, 10):  # 3 suffices at size 35 (most formulas have 3-5 symbols); small formulas need more
+        want = factor * cfg.alpha_examples * len(ALPHA_COUNTS)
+        seed = cfg.data_seed * 7919 + 202
+        drawn = _cached(
+            cfg,
+            data,
+            f"alpha-{want}",
+            lambda want=want, seed=seed: _draw_apart(cfg, data, want, seed, cfg.num_symbols, seen),
+        )
+        chosen = [ex for ex in drawn if len(ex.symbols) in ALPHA_COUNTS]
+        if all(sum(len(ex.symbols) == n for ex in chosen) >= cfg.alpha_examples for n in counts):
+            break
+    return chosen
 
 
 def get_lr(cfg: SymbolicConfig, step: int) -> float:

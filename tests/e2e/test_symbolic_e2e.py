@@ -1,5 +1,5 @@
 """symbolic.prop through the whole service at a tiny size: the invariant model and a baseline, the parent run's
-Correct / Exact / alpha-covariance report, and a registered model that loads and decodes."""
+Correct / Exact / alpha-covariance report and heatmap, and a registered model that loads and decodes."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ name: e2e-symbolic
 task: symbolic.prop
 metric: {name: correct}
 params: {d_model: 16, heads: 2, ff: 32, layers: 1, max_size: 20, train_examples: 300, test_examples: 30,
-         batch_size: 16, steps: 6, eval_every: 3, warmup_steps: 2, alpha_examples: 1}
+         batch_size: 16, steps: 6, eval_every: 3, warmup_steps: 2, alpha_examples: 1, max_renamings: 4,
+         grid_max_symbols: 7, grid_per_cell: 1}
 space: {variant: {grid: ["EP-DP-EA-DA-CP", "fixed"]}}
 register: {model: e2e-symbolic}
 """
@@ -37,7 +38,7 @@ def test_symbolic_prop_sweep_reports_the_table(workers: Stack) -> None:
 
     parent = done["mlflow"]["parent_run_id"]
     summary = [a.path for a in client.list_artifacts(parent, "summary")]
-    assert {"summary/report.md", "summary/report.csv", "summary/trials.csv"} <= set(summary)
+    assert {"summary/report.md", "summary/report.csv", "summary/trials.csv", "summary/heatmap.png"} <= set(summary)
     report = client.download_artifacts(parent, "summary/report.csv", str(workers.home))
     with open(report) as f:
         rows = {r["variant"]: r for r in csv.DictReader(io.StringIO(f.read()))}
