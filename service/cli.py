@@ -313,6 +313,10 @@ def pull(
         # MLflow's download bars (tqdm, on stderr) would fill a log or a CI job with carriage returns. MLflow
         # reads this variable at each download (mlflow/utils/file_utils.py); set it to true to keep the bars.
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # MLflow servers with S3 artifacts advertise presigned downloads, whose URLs name the S3 endpoint the
+    # server sees (http://minio:9000 in infra/docker-compose.yml), which a researcher's machine cannot reach:
+    # each file then waits out its retries. Download through the server, as uploads go.
+    os.environ.setdefault("MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD", "false")
     try:
         path = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest))
     except Exception as exc:
