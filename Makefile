@@ -20,7 +20,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help install services browser podman image demo up down test lint clean compat
+.PHONY: help install services browser podman image demo up down test test-containers lint clean compat
 
 help:
 	@echo "make demo   install, start the embedded stack, run sweeps/tversky_xor_demo.yaml"
@@ -79,6 +79,11 @@ lint: install
 
 test: install services browser podman lint
 	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
+
+# The container tier alone (tests/containers: the image built, the compose stack run from it); opt-in
+# for now: a build without its cached dependency layer takes ~25 minutes here.
+test-containers: install services podman
+	LAYERLAB_CONTAINER_TIER=1 $(PY) -m pytest -q tests/containers
 
 # The fault and end-to-end suites against Ray 2.59.0 as well (RELIABILITY.md; about 20 minutes).
 compat: install services

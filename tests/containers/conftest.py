@@ -62,6 +62,10 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
 
 def _cannot_run_containers() -> str | None:
     """Why no container can run here (the tier is skipped with it), or None."""
+    if os.environ.get("LAYERLAB_CONTAINER_TIER") != "1":
+        # Opt-in until it fits its budget: a build whose dependency layer is not cached takes ~25 min on
+        # this 2-core machine (the tier may add 10 to make test), and the tier has not yet run whole here.
+        return "the container tier is opt-in: LAYERLAB_CONTAINER_TIER=1 (make test-containers) runs it"
     if shutil.which("podman") is None:
         return "no container engine: install podman and runc (apt-get install podman runc debootstrap iptables)"
     if PODMAN_COMPOSE is None:
