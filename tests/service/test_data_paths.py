@@ -33,7 +33,7 @@ def test_the_tasks_path_params_are_the_ones_marked() -> None:
         "symbolic.ltl": ["cache_dir"],
         "symbolic.prop": ["cache_dir"],
         "tversky.image": ["data_dir"],
-        "tversky.lm": ["data_files"],
+        "tversky.lm": ["bpe_cache", "bpe_files", "data_files"],
     }
 
 
