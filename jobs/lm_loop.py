@@ -140,7 +140,8 @@ def train_lm(
         # each rank keeps every world-th row of it
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         x, y = get_batch(train, cfg.batch_size, cfg.block_size, gen)
-        x, y = x[rank::world].to(device), y[rank::world].to(device)  # [B/ws, T]
+        # contiguous: a rank's every world-th row is a strided view, which GPT's targets.view(-1) refuses on the CPU
+        x, y = x[rank::world].contiguous().to(device), y[rank::world].contiguous().to(device)  # [B/ws, T]
 
         # --- update
         for group in optimizer.param_groups:

@@ -211,6 +211,22 @@ def test_ddp_with_shared_bank_and_tied_prototypes(process_group: None, similarit
     assert not any(k.startswith("module.") for k in session.last_checkpoint["model"])  # the unwrapped model
 
 
+class SecondRankSession(LocalSession):
+    """Rank 1 of 2 (the process group holds only this process): it trains on every second row of each batch."""
+
+    def __init__(self) -> None:
+        super().__init__(quiet=True)
+        self.world_rank, self.world_size = 1, 2
+
+
+def test_a_rank_of_two_trains_on_its_rows(process_group: None) -> None:
+    # A rank's rows are a strided view of the batch; as found through the service, a CPU Ray Train job of two
+    # workers failed in GPT's targets.view(-1) on it.
+    cfg = LmConfig(**{**TINY, "max_steps": 4, "eval_every": 2})  # type: ignore[arg-type]
+    session = _run(cfg, SecondRankSession())
+    assert [h["step"] for h in session.history] == [2, 4] and math.isfinite(session.history[-1]["val/loss"])
+
+
 # --- parameter counts, as the paper counts them
 
 
