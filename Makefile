@@ -78,7 +78,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: install services browser podman lint
-	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadscope --no-loadscope-reorder
 
 # The container tier alone (tests/containers: the image built, the compose stack run from it); opt-in
 # for now: a build without its cached dependency layer takes ~25 minutes here.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,15 +33,27 @@ STACK_DIRS = {"e2e", "faults", "browser", "production", "containers"}
 TESTS = Path(__file__).parent
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def _is_stack(path: Path) -> bool:
+    return path.relative_to(TESTS).parts[0] in STACK_DIRS
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    stack = set()
-    for item in items:
-        rel = item.path.relative_to(TESTS)
-        group = "stack" if rel.parts[0] in STACK_DIRS else rel.as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
-        if group == "stack":
-            stack.add(item.nodeid)
-    # The stack tests first: with --no-loadscope-reorder (make test) xdist hands out the groups in this
-    # order, so the longest one starts at once instead of after the modules with more tests.
-    items.sort(key=lambda item: item.nodeid not in stack)
+    # The stack tests first: xdist hands out the work units in collection order (--no-loadscope-reorder),
+    # so the longest one starts at once instead of after the modules with more tests.
+    items.sort(key=lambda item: not _is_stack(item.path))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With `--dist loadscope` (make test): xdist's module-scope scheduling, but every stack test in one
+    unit. (xdist's own `loadgroup` would do it by mark, but it renames `item._nodeid`, which pytest 9's
+    nodes no longer read: with pytest 9.2 and xdist 3.8.0 its groups are split.)"""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class StackInOneProcess(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "stack" if _is_stack(Path(config.rootpath, module)) else module
+
+    return StackInOneProcess(config, log)
