@@ -20,7 +20,7 @@ from ray import tune
 from service.models import TrialState
 from service.queue import Claim, QueueStore
 from service.spec import SweepSpec
-from workers.durability import ITERATION_KEY, REPLAYED_KEY, Ledger, checkpoint_uri, finished_result
+from workers.durability import ITERATION_KEY, REPLAYED_KEY, Fence, Ledger, checkpoint_uri, finished_result
 from workers.tracking import SweepTracker
 from workers.trainable import ARTIFACTS_KEY, NODE_KEY
 
@@ -38,6 +38,7 @@ class LiveSweep:
     spec: SweepSpec
     ledger: Ledger
     stop: StopRequests
+    fence: Fence | None = None
     best: float | None = None
     iterations: dict[str, int] = field(default_factory=dict)
     """Trial id -> the iteration of its latest result (the one a checkpoint comes with)."""
@@ -140,6 +141,13 @@ class ProgressCallback(tune.Callback):
         self._ended(trial, TrialState.terminated, "FINISHED")
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        live = self.live
+        if live is not None and live.fence is not None and (newer := live.fence.superseded()) is not None:
+            # The trial stopped at the fence (workers.durability): a newer attempt owns the sweep and this
+            # worker's lease is gone, though its heartbeat may not know yet. The trial is the new owner's.
+            log.warning("sweep %s: attempt %s owns it now; trial %s left to it", self.sweep_id, newer, trial.trial_id)
+            live.stop.lease_lost.set()
+            return
         self._ended(trial, TrialState.error, "FAILED")
 
     def _ended(self, trial: Any, state: TrialState, status: str) -> None:

@@ -10,7 +10,7 @@ from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from service.spec import Domain, SweepSpec
 from workers.callbacks import ProgressCallback
-from workers.durability import Ledger
+from workers.durability import Fence, Ledger
 from workers.trainable import run_trial, run_trial_distributed
 
 
@@ -31,9 +31,10 @@ def param_space(spec: SweepSpec) -> dict[str, Any]:
     return {**spec.params, **{k: to_domain(d) for k, d in spec.space.items()}}
 
 
-def make_trainable(spec: SweepSpec, storage_path: str, ledger: Ledger) -> Any:
-    """The trainable, with this attempt's ledger (workers.durability) bound to it: a restore passes a new
-    trainable to Tuner.restore, so each attempt's trials see the ledger as the attempt began."""
+def make_trainable(spec: SweepSpec, storage_path: str, ledger: Ledger, fence: Fence | None = None) -> Any:
+    """The trainable, with this attempt's ledger and fence (workers.durability) bound to it: a restore passes a
+    new trainable to Tuner.restore, so each attempt's trials see the ledger as the attempt began, and know
+    their attempt."""
     res = spec.resources
     if spec.uses_train:
         fn = tune.with_parameters(
@@ -44,10 +45,11 @@ def make_trainable(spec: SweepSpec, storage_path: str, ledger: Ledger) -> Any:
             gpus=res.gpus,
             storage_path=storage_path,
             ledger=ledger,
+            fence=fence,
         )
         # The trial itself only drives the TorchTrainer; its workers hold the resources.
         return tune.with_resources(fn, {"CPU": 0.01})
-    fn = tune.with_parameters(run_trial, task_name=spec.task, cpus=res.cpus, ledger=ledger)
+    fn = tune.with_parameters(run_trial, task_name=spec.task, cpus=res.cpus, ledger=ledger, fence=fence)
     return tune.with_resources(fn, {"CPU": res.cpus, "GPU": res.gpus})
 
 

@@ -6,7 +6,8 @@ build a Ray Train (V2) `TorchTrainer` whose workers report through `ray.train.re
 
 Every trainable first asks the sweep's ledger (workers.durability) about its trial: one that finished
 before a crash reports its stored final result and returns, and one that was interrupted resumes from
-the newer of Tune's checkpoint and the ledger's.
+the newer of Tune's checkpoint and the ledger's. Before each checkpoint, a trial checks the sweep's fence
+(workers.durability.Fence): a process left over from an earlier attempt writes nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from jobs.registry import get_task
-from workers.durability import ITERATION_KEY, REPLAYED_KEY, Ledger
+from workers.durability import ITERATION_KEY, REPLAYED_KEY, Fence, Ledger
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -72,13 +73,14 @@ def _checkpoint_iteration(folder: str | Path) -> int:
 class TuneSession(_Artifacts):
     """Session for a plain Tune trial (one process). `resume`: the ledger's newest checkpoint of this trial
     (a URI) and its iteration; used instead of Tune's own when it is newer (Tune's restored state may be a
-    save or more behind the trial)."""
+    save or more behind the trial). `fence`: the attempt this trial belongs to (None: unfenced, outside a worker)."""
 
-    def __init__(self, resume: tuple[str, int] | None = None) -> None:
+    def __init__(self, resume: tuple[str, int] | None = None, fence: Fence | None = None) -> None:
         from ray import tune
 
         super().__init__()
         self._tune = tune
+        self._fence = fence
         self.device = torch.device("cpu")
         self.world_rank, self.world_size = 0, 1
         self.checkpoint: dict[str, Any] | None = None
@@ -99,6 +101,8 @@ class TuneSession(_Artifacts):
         if checkpoint is None:
             self._tune.report(metrics)
             return
+        if self._fence is not None:
+            self._fence.check()
         # tune.report persists the folder before returning, so the temp folder may go right after.
         with tempfile.TemporaryDirectory() as d:
             torch.save(checkpoint, os.path.join(d, CHECKPOINT_FILE))
@@ -113,12 +117,13 @@ class TrainSession(_Artifacts):
     """Session for one Ray Train worker; rank 0 writes the checkpoints (and only its artifacts count:
     TuneReportCallback forwards rank 0's metrics)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fence: Fence | None = None) -> None:
         import ray.train
         import ray.train.torch
 
         super().__init__()
         self._train = ray.train
+        self._fence = fence
         ctx = ray.train.get_context()
         self.world_rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
         self.device = ray.train.torch.get_device()
@@ -133,6 +138,8 @@ class TrainSession(_Artifacts):
         with tempfile.TemporaryDirectory() as d:
             ckpt = None
             if checkpoint is not None and self.world_rank == 0:
+                if self._fence is not None:
+                    self._fence.check()
                 torch.save(checkpoint, os.path.join(d, CHECKPOINT_FILE))
                 ckpt = self._train.Checkpoint.from_directory(d)
             self._train.report(metrics, checkpoint=ckpt)
@@ -160,7 +167,9 @@ def _replayed(ledger: Ledger | None) -> bool:
     return True
 
 
-def run_trial(config: dict[str, Any], task_name: str, cpus: float = 1.0, ledger: Ledger | None = None) -> None:
+def run_trial(
+    config: dict[str, Any], task_name: str, cpus: float = 1.0, ledger: Ledger | None = None, fence: Fence | None = None
+) -> None:
     """Tune function trainable for one-process trials."""
     if _replayed(ledger):
         return
@@ -172,14 +181,14 @@ def run_trial(config: dict[str, Any], task_name: str, cpus: float = 1.0, ledger:
     torch.set_num_threads(max(1, int(cpus)))
     task = get_task(task_name)
     cfg = task.make_config(task_params(config))
-    task.train(cfg, TuneSession(record.resume if record else None))
+    task.train(cfg, TuneSession(record.resume if record else None, fence))
 
 
 def _train_worker_loop(loop_config: dict[str, Any]) -> None:
     torch.set_num_threads(max(1, int(loop_config["cpus"])))
     task = get_task(loop_config["task"])
     cfg = task.make_config(task_params(loop_config["config"]))
-    task.train(cfg, TrainSession())
+    task.train(cfg, TrainSession(loop_config.get("fence")))
 
 
 def run_trial_distributed(
@@ -190,6 +199,7 @@ def run_trial_distributed(
     gpus: float,
     storage_path: str,
     ledger: Ledger | None = None,
+    fence: Fence | None = None,
 ) -> None:
     """Tune function trainable whose trial is a Ray Train TorchTrainer job over `workers` workers."""
     if _replayed(ledger):
@@ -205,7 +215,7 @@ def run_trial_distributed(
     trial_id = tune.get_context().get_trial_id()
     trainer = TorchTrainer(
         _train_worker_loop,
-        train_loop_config={"task": task_name, "config": config, "cpus": cpus},
+        train_loop_config={"task": task_name, "config": config, "cpus": cpus, "fence": fence},
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=gpus > 0, resources_per_worker=resources),
         torch_config=TorchConfig(backend="nccl" if gpus > 0 else "gloo"),
         # Same name and storage on a rerun of this trial: Train V2 resumes from its latest checkpoint.

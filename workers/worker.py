@@ -268,7 +268,7 @@ class Worker:
 
         from jobs.registry import get_task
         from workers.callbacks import LIVE, LiveSweep
-        from workers.durability import read_ledger
+        from workers.durability import Fence, read_ledger
         from workers.storage import tune_storage
         from workers.sweep import make_run_config, make_trainable, make_tune_config, param_space
         from workers.tracking import MLFLOW_OUTAGE_SECONDS, SweepTracker
@@ -285,14 +285,22 @@ class Worker:
             self.install_signal_handlers()
         tracker = SweepTracker(self.settings, self.store, claim, spec)
         ledger = read_ledger(self.store, claim.sweep_id)
-        live = LiveSweep(claim=claim, store=self.store, tracker=tracker, spec=spec, ledger=ledger, stop=stop)
+        storage, fs = tune_storage(self.settings.tune_storage)
+        path = f"{storage.rstrip('/')}/sweep-{claim.sweep_id}"
+        # Before any trial of this attempt runs: trial processes of earlier attempts stop writing from now on.
+        fence = Fence.for_sweep(storage, claim.sweep_id, claim.attempt)
+        try:
+            fence.claim()
+        except OSError as exc:  # Tune's own writes to this storage will tell; the fence is a second guard
+            log.warning("sweep %s: cannot write its fence %s (%s); running unfenced", claim.sweep_id, fence.uri, exc)
+        live = LiveSweep(
+            claim=claim, store=self.store, tracker=tracker, spec=spec, ledger=ledger, stop=stop, fence=fence
+        )
         live.best = self.store.get(claim.sweep_id).best_metric
         LIVE[claim.sweep_id] = live
         holder["live"] = live
 
-        storage, fs = tune_storage(self.settings.tune_storage)
-        path = f"{storage.rstrip('/')}/sweep-{claim.sweep_id}"
-        trainable = make_trainable(spec, self.settings.tune_storage, ledger)
+        trainable = make_trainable(spec, self.settings.tune_storage, ledger, fence)
         if tune.Tuner.can_restore(path, storage_filesystem=fs):
             log.info("sweep %s: resuming %s", claim.sweep_id, path, extra={"action": "restore"})
             tuner = tune.Tuner.restore(
