@@ -158,8 +158,12 @@ def test_bpe_run_trains_caches_its_vocabulary_and_resumes_with_it(tmp_path: Path
     first = crashed.history[-1]
     assert first["table"][0]["tokenizer"] == "bpe" and first["val/loss"] < math.log(300), first
     resumed = _run(cfg, LocalSession(checkpoint=ckpt, quiet=True))
-    assert [h["step"] for h in resumed.history] == [12] and resumed.history[-1]["val/loss"] < first["val/loss"]
+    assert [h["step"] for h in resumed.history] == [12]
     assert resumed.last_checkpoint is not None and resumed.last_checkpoint["tokenizer"] == ckpt["tokenizer"]
+    # Resumed with the cached vocabulary, it ends where an uninterrupted run ends. (Six more steps of a tiny
+    # model need not lower the validation loss: a CI run saw 4.722 at step 6, 4.734 at step 12.)
+    whole = _run(cfg, LocalSession(quiet=True))
+    assert resumed.history[-1]["val/loss"] == pytest.approx(whole.history[-1]["val/loss"], rel=1e-6)
 
 
 class _Crash(Exception):
