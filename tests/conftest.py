@@ -29,23 +29,34 @@ if not os.path.exists("/dev/nvidia0"):
 # one after another in one xdist process: each wants both cores for its trials and some time leases and
 # kills, so two at once would only trade speed for flakiness. Every other module runs whole (its module
 # fixtures once) in whichever process is free; on 2 cores they fill the time the stack tests spend waiting.
+# Stack modules that only run sweeps to their end and check what those made (no kill, lease, outage or
+# timing) form a second unit, handed out last: the process that finishes the unit tests first (after ~10
+# of the ~26 minutes in a clean-clone run) takes it while the other runs the fault tests.
 STACK_DIRS = {"e2e", "faults", "browser", "production", "containers"}
+SWEEPS_ONLY = {
+    f"e2e/test_{name}_e2e.py" for name in ("tasks", "memory", "sna", "symbolic", "sac")
+}  # fmt: skip
 TESTS = Path(__file__).parent
 
 
-def _is_stack(path: Path) -> bool:
-    return path.relative_to(TESTS).parts[0] in STACK_DIRS
+def _unit(path: Path) -> str:
+    """'stack', 'sweeps' or 'module' (an ordinary module, a unit of its own)."""
+    relative = path.relative_to(TESTS)
+    if relative.as_posix() in SWEEPS_ONLY:
+        return "sweeps"
+    return "stack" if relative.parts[0] in STACK_DIRS else "module"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The stack tests first: xdist hands out the work units in collection order (--no-loadscope-reorder),
-    # so the longest one starts at once instead of after the modules with more tests.
-    items.sort(key=lambda item: not _is_stack(item.path))
+    # xdist hands out the work units in collection order (--no-loadscope-reorder): the stack tests first, so
+    # the longest unit starts at once instead of after the modules with more tests, the sweeps-only ones last.
+    order = {"stack": 0, "module": 1, "sweeps": 2}
+    items.sort(key=lambda item: order[_unit(item.path)])
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """With `--dist loadscope` (make test): xdist's module-scope scheduling, but every stack test in one
-    unit. (xdist's own `loadgroup` would do it by mark, but it renames `item._nodeid`, which pytest 9's
+    """With `--dist loadscope` (make test): xdist's module-scope scheduling, but the stack tests in two units
+    (see above). (xdist's own `loadgroup` would do it by mark, but it renames `item._nodeid`, which pytest 9's
     nodes no longer read: with pytest 9.2 and xdist 3.8.0 its groups are split.)"""
     if config.getoption("dist") != "loadscope":
         return None
@@ -54,6 +65,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class StackInOneProcess(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "stack" if _is_stack(Path(config.rootpath, module)) else module
+            unit = _unit(Path(config.rootpath, module))
+            return module if unit == "module" else unit
 
     return StackInOneProcess(config, log)
