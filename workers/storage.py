@@ -95,12 +95,18 @@ class _RenameOnClose:
         self.closed = True
         if self.path.endswith(CHECKED_SUFFIXES):
             with open(self.partial, "rb") as written:
-                if not parses(written.read()):
-                    log.warning(
-                        "%s: a torn copy arrived (its source was being rewritten); kept the previous one", self.path
-                    )
-                    os.unlink(self.partial)
+                data = written.read()
+            if not parses(data):
+                os.unlink(self.partial)
+                if not data and not os.path.exists(self.path):
+                    # A trial's result.json before its first result: Tune makes it empty. Nothing to keep
+                    # or to warn about (it came every sync, 5 s apart, for each trial not yet reporting).
+                    log.debug("%s: empty, not written yet", self.path)
                     return
+                log.warning(
+                    "%s: a torn copy arrived (its source was being rewritten); kept the previous one", self.path
+                )
+                return
         os.replace(self.partial, self.path)
 
 

@@ -82,7 +82,7 @@ from jobs.data.symbolic_metrics import alpha_covariance_by_count, correct_rate, 
 from jobs.layers.symbolic_transformer import SymbolicModelConfig, SymbolInvariantTransformer, parse_ablation
 from jobs.registry import Task
 from jobs.runtime import Session
-from jobs.tasks.memory_capacity import TableRows
+from jobs.tables import TableRows
 
 BASELINES = ("fixed", "fixed_rank", "random")
 """Variants that are baselines (one stream; the attention flags do not matter there)."""

@@ -125,6 +125,27 @@ def test_a_torn_copy_of_a_state_file_never_replaces_a_whole_one(tmp_path: Path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == [searcher.name, state.name, results.name]  # no temp file
 
 
+def test_an_empty_first_copy_is_dropped_quietly_and_an_empty_overwrite_is_not(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tune makes a trial's result.json empty at the trial's start and the copy runs every few seconds: no
+    warning for that. An empty copy over a whole file is a torn one, and says so."""
+    _, fs = tune_storage(str(tmp_path))
+    assert fs is not None
+    results = tmp_path / "result.json"
+    with caplog.at_level("WARNING", logger="workers.storage"):
+        with fs.open_output_stream(str(results)) as out:
+            out.write(b"")
+        assert not results.exists() and not caplog.records
+        results.write_text('{"training_iteration": 1}\n')
+        with fs.open_output_stream(str(results)) as out:
+            out.write(b"")
+    assert results.read_text() == '{"training_iteration": 1}\n'
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{results}: a torn copy arrived (its source was being rewritten); kept the previous one"
+    ]
+
+
 def test_the_atomic_storage_travels_to_trial_processes_and_copies_folders(tmp_path: Path) -> None:
     import pyarrow.fs as pafs
 
