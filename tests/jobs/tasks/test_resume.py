@@ -1,10 +1,12 @@
 """Every task that checkpoints, one test: a trial killed right after a report resumes from that report's
 checkpoint, reports only what was left, and ends exactly where an uninterrupted run ends (same reports but the
 timings, same weights). A task joins by adding a `Case`: its tiny config, the report to crash at, and the
-metrics that are timings."""
+metrics that are timings. (sna.halfcheetah has its own: its replay buffer resumes too; tversky.lm's BPE run
+has one for its cached vocabulary.)"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +20,11 @@ from jobs.tasks.memory_capacity import CapacityConfig
 from jobs.tasks.memory_hopfield import HopfieldConfig
 from jobs.tasks.sna_lm import SnaLmConfig
 from jobs.tasks.sna_lorenz import LorenzConfig
+from jobs.tasks.symbolic_prop import SymbolicConfig
+from jobs.tasks.tversky_image import ImageConfig
 from jobs.tasks.tversky_lm import LmConfig
+from jobs.tasks.tversky_xor import XorConfig
+from jobs.tasks.tversky_xor_grid import XorGridConfig
 
 
 @dataclass(frozen=True)
@@ -32,9 +38,40 @@ class Case:
     """The step of the checkpoint the crash leaves (a task may checkpoint less often than it reports)."""
     timings: tuple[str, ...] = field(default=())
     """Metrics that measure time: they differ between any two runs."""
+    step_key: str = "step"
+    """The report's and the checkpoint's position key."""
+    name: str = ""
+    """Test id suffix, where a task has more than one case."""
 
+
+SYMBOLIC = SymbolicConfig(
+    d_model=16, heads=2, ff=32, layers=1, dropout=0.0, max_size=20, train_examples=300, test_examples=30,
+    batch_size=16, steps=12, eval_every=6, warmup_steps=2, lr=3e-3, alpha_examples=2, max_renamings=6,
+    eval_batch_size=64, grid_max_symbols=7, grid_per_cell=2,
+)  # fmt: skip
+SYMBOLIC_TIMINGS = ("train_seconds", "eval_seconds", "data_seconds", "table")  # the table's row holds them too
 
 CASES = [
+    Case("tversky.xor", XorConfig(steps=200, report_every=50, seed=1), crash_at=100, resumed_at=100),
+    Case(  # 36 models in one batch: each model's Adam state resumes
+        "tversky.xor_grid", XorGridConfig(features=(4,), seeds=2, steps=50, report_every=10), crash_at=20, resumed_at=20
+    ),
+    Case(  # reports and checkpoints once an epoch
+        "tversky.image",
+        ImageConfig(max_train_images=32, max_test_images=32, image_size=16, batch_size=16, epochs=2),
+        crash_at=1,
+        resumed_at=1,
+        step_key="epoch",
+    ),
+    Case("symbolic.prop", SYMBOLIC, crash_at=6, resumed_at=6, timings=SYMBOLIC_TIMINGS),
+    Case(  # the RNG state resumes too: dropout, and the random variant's vectors
+        "symbolic.prop",
+        dataclasses.replace(SYMBOLIC, variant="random", dropout=0.1),
+        crash_at=6,
+        resumed_at=6,
+        timings=SYMBOLIC_TIMINGS,
+        name="random-dropout",
+    ),
     Case(
         "memory.capacity",
         CapacityConfig(d=8, d_ff=8, load_ratios=(0.5, 1, 4), seeds=2, steps=30, report_every=10),
@@ -120,26 +157,27 @@ class _Crash(Exception):
 
 
 class CrashingSession(LocalSession):
-    """Dies right after reporting step `crash_at` or later, like a worker killed between two reports."""
+    """Dies right after reporting position `crash_at` or later, like a worker killed between two reports."""
 
-    def __init__(self, crash_at: int) -> None:
+    def __init__(self, crash_at: int, step_key: str) -> None:
         super().__init__(quiet=True)
-        self.crash_at = crash_at
+        self.crash_at, self.step_key = crash_at, step_key
 
     def report(self, metrics: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> None:
         super().report(metrics, checkpoint)
-        if metrics["step"] >= self.crash_at:
+        if metrics[self.step_key] >= self.crash_at:
             raise _Crash
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.task for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.task}-{c.name}" if c.name else c.task for c in CASES])
 def test_resume_continues_where_the_crash_left_and_matches_an_uninterrupted_run(case: Case) -> None:
     train = get_task(case.task).train
-    crashed = CrashingSession(case.crash_at)
+    key = case.step_key
+    crashed = CrashingSession(case.crash_at, key)
     with pytest.raises(_Crash):
         train(case.config, crashed)
     checkpoint = crashed.last_checkpoint
-    assert checkpoint is not None and checkpoint["step"] == case.resumed_at
+    assert checkpoint is not None and checkpoint[key] == case.resumed_at
     resumed = LocalSession(checkpoint=checkpoint, quiet=True)
     train(case.config, resumed)
     full = LocalSession(quiet=True)
@@ -148,8 +186,8 @@ def test_resume_continues_where_the_crash_left_and_matches_an_uninterrupted_run(
     def strip(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{k: v for k, v in h.items() if k not in case.timings} for h in history]
 
-    left = [h for h in full.history if h["step"] > case.resumed_at]
-    assert left and [h["step"] for h in resumed.history] == [h["step"] for h in left]  # only what was left
+    left = [h for h in full.history if h[key] > case.resumed_at]
+    assert left and [h[key] for h in resumed.history] == [h[key] for h in left]  # only what was left
     assert strip(resumed.history) == strip(left)
     assert resumed.last_checkpoint is not None and full.last_checkpoint is not None
     for name, value in full.last_checkpoint.get("model", {}).items():

@@ -1,5 +1,5 @@
-"""jobs/tasks/tversky_image.py: config validation, real optimizer steps for both heads, frozen backbone, resume,
-MNIST from generated IDX files, prototype pictures, and the two sweep files."""
+"""jobs/tasks/tversky_image.py: config validation, real optimizer steps for both heads, frozen backbone,
+MNIST from generated IDX files, prototype pictures, and the two sweep files (resume: test_resume.py)."""
 
 from __future__ import annotations
 
@@ -131,39 +131,6 @@ def test_frozen_backbone_trains_only_the_head() -> None:
         assert changed == name.startswith("head."), f"{name}: changed={changed}"
     assert len(ckpt["optimizer"]["state"]) == len(list(model.head.parameters()))
     assert session.history[-1]["params/total"] == sum(p.numel() for p in model.parameters())  # frozen ones count
-
-
-class _Crash(Exception):
-    pass
-
-
-class CrashingSession(LocalSession):
-    """Dies right after reporting epoch `crash_at`, like a worker killed between two epochs."""
-
-    def __init__(self, crash_at: int) -> None:
-        super().__init__(quiet=True)
-        self.crash_at = crash_at
-
-    def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
-        super().report(metrics, checkpoint)
-        if metrics["epoch"] >= self.crash_at:
-            raise _Crash
-
-
-def test_resume_continues_at_the_next_epoch_and_matches_an_uninterrupted_run() -> None:
-    cfg = ImageConfig(**{**TINY, "max_train_images": 32, "epochs": 2})
-    crashed = CrashingSession(crash_at=1)
-    with pytest.raises(_Crash):
-        train(cfg, crashed)
-    assert crashed.last_checkpoint is not None and crashed.last_checkpoint["epoch"] == 1
-    resumed = _run(cfg, checkpoint=crashed.last_checkpoint)
-    assert [h["epoch"] for h in resumed.history] == [2]
-    full = _run(cfg)
-    assert resumed.history == full.history[1:]
-    assert resumed.last_checkpoint is not None and full.last_checkpoint is not None
-    for name, value in full.last_checkpoint["model"].items():
-        got = resumed.last_checkpoint["model"][name]
-        assert torch.equal(value, got), f"{name}: max abs diff {(value.double() - got.double()).abs().max()}"
 
 
 def test_non_finite_loss_stops_without_a_step() -> None:

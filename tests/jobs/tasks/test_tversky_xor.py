@@ -1,4 +1,4 @@
-"""jobs/tasks/tversky_xor.py: config validation, real optimisation, convergence, resume, and the CLI."""
+"""jobs/tasks/tversky_xor.py: config validation, real optimisation, convergence and the CLI (resume: test_resume.py)."""
 
 from __future__ import annotations
 
@@ -102,40 +102,6 @@ def test_product_substractmatch_converges() -> None:
         if history[-1]["converged"] == 1.0:
             break
     assert any(r["converged"] == 1.0 and r["accuracy"] == 1.0 for r in results), results
-
-
-class _Crash(Exception):
-    pass
-
-
-class CrashingSession(LocalSession):
-    """Dies right after reporting `crash_at`, like a worker killed between two iterations."""
-
-    def __init__(self, crash_at: int) -> None:
-        super().__init__(quiet=True)
-        self.crash_at = crash_at
-
-    def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
-        super().report(metrics, checkpoint)
-        if metrics["step"] >= self.crash_at:
-            raise _Crash
-
-
-def test_resume_continues_and_matches_an_uninterrupted_run() -> None:
-    cfg = XorConfig(steps=200, report_every=50, seed=1)
-    crashed = CrashingSession(crash_at=100)
-    with pytest.raises(_Crash):
-        train(cfg, crashed)
-    assert crashed.last_checkpoint is not None and crashed.last_checkpoint["step"] == 100
-    resumed = _run(cfg, checkpoint=crashed.last_checkpoint)
-    steps = [h["step"] for h in resumed.history]
-    assert steps[0] > 100 and steps == [150, 200], steps
-    full = _run(cfg)
-    assert resumed.history == full.history[2:]
-    assert resumed.last_checkpoint is not None and full.last_checkpoint is not None
-    for name, value in full.last_checkpoint["model"].items():
-        got = resumed.last_checkpoint["model"][name]
-        assert torch.equal(value, got), f"{name}: max abs diff {(value - got).abs().max()}"
 
 
 def test_non_finite_loss_stops_early() -> None:
