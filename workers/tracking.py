@@ -60,7 +60,7 @@ class SweepTracker:
         self._earlier: dict[str, str] | None = None  # see _earlier_runs
         self._backlog: list[tuple[str, Callable[[], object]]] = []  # (what, write), oldest first
         self._retry_at = 0.0
-        self._logged_up_to: dict[str, int | None] = {}  # trial id -> highest step MLflow holds (replays)
+        self._logged_steps: dict[str, set[int] | None] = {}  # trial id -> the steps MLflow holds (replays)
         # The sweep metric's history of each trial whose child run this attempt created, as logged: the
         # summary's curves then need no MLflow query per trial (200 of them at the end of a 200-trial sweep).
         self._curves: dict[str, dict[int, float]] = {}
@@ -316,15 +316,17 @@ class SweepTracker:
         self._submit(lambda: self._log_if_missing(trial_id, metrics, step), True)
 
     def _log_if_missing(self, trial_id: str, metrics: dict[str, float], step: int) -> None:
-        if trial_id not in self._logged_up_to:
-            self._logged_up_to[trial_id] = self._highest_logged_step(trial_id)
-        high = self._logged_up_to[trial_id]
-        if high is not None and step > high:
+        # Whether this very step is there, not whether a later one is: an attempt that resumed past a step
+        # whose write a kill lost logs the steps after it, and a later replay of the step must still fill it.
+        if trial_id not in self._logged_steps:
+            self._logged_steps[trial_id] = self._steps_in_mlflow(trial_id)
+        held = self._logged_steps[trial_id]
+        if held is not None and step not in held:
             log.info("trial %s: step %d never reached MLflow before a crash; logging it now", trial_id, step)
             self._log_metrics(trial_id, metrics, step, _metric_batch(metrics, step))
-            self._logged_up_to[trial_id] = step
+            held.add(step)
 
-    def _highest_logged_step(self, trial_id: str) -> int | None:
+    def _steps_in_mlflow(self, trial_id: str) -> set[int] | None:
         """None when it cannot be known now (MLflow away): the step is then skipped, as before."""
         run_id = self._children.get(trial_id)
         if run_id is None or self._backlog:
@@ -336,7 +338,7 @@ class SweepTracker:
             if not unreachable(exc):
                 raise
             return None
-        return max(steps, default=0)
+        return set(steps)
 
     def log_trial_files(self, trial_id: str, files: dict[str, bytes]) -> None:
         """Files a task logged with `session.log_artifact`, on the trial's child run (re-logging after

@@ -63,17 +63,34 @@ def load_checkpoint_dir(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def _checkpoint_iteration(folder: str | Path) -> int:
+def _checkpoint_stamp(folder: str | Path) -> tuple[int, int | None]:
+    """(iteration, attempt of the sweep that wrote it) from beside a checkpoint."""
     try:
-        return int(json.loads((Path(folder) / ITERATION_FILE).read_text())["iteration"])
-    except (OSError, ValueError, KeyError):
-        return 0  # a checkpoint made before the iteration was written beside it
+        stamp = json.loads((Path(folder) / ITERATION_FILE).read_text())
+    except (OSError, ValueError):
+        return 0, None  # a checkpoint made before the iteration was written beside it
+    attempt = stamp.get("attempt")
+    return int(stamp.get("iteration", 0)), attempt if isinstance(attempt, int) else None
+
+
+def tune_checkpoint_usable(iteration: int, attempt: int | None, fence: Fence | None, confirmed: int) -> bool:
+    """Whether a trial may resume from Tune's checkpoint (its iteration, the attempt that wrote it): one of this
+    attempt (a retry within it) always; one of an earlier attempt only up to `confirmed`, the ledger's
+    iteration, whose metrics are known to be in MLflow (see TuneSession)."""
+    return fence is None or attempt == fence.attempt or iteration <= confirmed
 
 
 class TuneSession(_Artifacts):
     """Session for a plain Tune trial (one process). `resume`: the ledger's newest checkpoint of this trial
     (a URI) and its iteration; used instead of Tune's own when it is newer (Tune's restored state may be a
-    save or more behind the trial). `fence`: the attempt this trial belongs to (None: unfenced, outside a worker)."""
+    save or more behind the trial). `fence`: the attempt this trial belongs to (None: unfenced, outside a worker).
+
+    Tune's own checkpoint from an earlier attempt is used only up to the ledger's iteration: Tune saves its
+    state whenever it likes, so after a kill it may name a checkpoint whose step's metrics were still queued
+    for MLflow; resumed past it, the trial never reports that step again and MLflow never gets it (seen in
+    tests/faults/test_endings.py: a `loss` history without step 6). The ledger records a checkpoint only
+    once the metrics it covers are written (workers.tracking `after_writes`), so from its checkpoint (or from
+    the start, without one) the steps in between are reported again and the missing ones logged once."""
 
     def __init__(self, resume: tuple[str, int] | None = None, fence: Fence | None = None) -> None:
         from ray import tune
@@ -85,15 +102,24 @@ class TuneSession(_Artifacts):
         self.world_rank, self.world_size = 0, 1
         self.checkpoint: dict[str, Any] | None = None
         self.iteration = 0
+        confirmed = resume[1] if resume is not None else 0
         if (ckpt := tune.get_checkpoint()) is not None:
             with ckpt.as_directory() as d:
-                self.checkpoint, self.iteration = load_checkpoint_dir(d), _checkpoint_iteration(d)
+                iteration, attempt = _checkpoint_stamp(d)
+                if tune_checkpoint_usable(iteration, attempt, fence, confirmed):
+                    self.checkpoint, self.iteration = load_checkpoint_dir(d), iteration
+                else:
+                    log.info(
+                        "Tune's checkpoint of this trial (iteration %s, attempt %s) is past the ledger's (%s): "
+                        "resuming from the ledger's, or from the start without one",
+                        iteration, attempt, confirmed,
+                    )  # fmt: skip
         if resume is not None and resume[1] > self.iteration:
             try:
                 with tune.Checkpoint(resume[0]).as_directory() as d:
-                    self.checkpoint, self.iteration = load_checkpoint_dir(d), _checkpoint_iteration(d)
+                    self.checkpoint, self.iteration = load_checkpoint_dir(d), _checkpoint_stamp(d)[0]
             except Exception as exc:  # noqa: BLE001 - e.g. an object store this process cannot reach by URI alone
-                log.warning("cannot read the ledger's checkpoint %s (%s); resuming from Tune's", resume[0], exc)
+                log.warning("cannot read the ledger's checkpoint %s (%s); resuming as above", resume[0], exc)
 
     def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
         self.iteration += 1
@@ -106,7 +132,8 @@ class TuneSession(_Artifacts):
         # tune.report persists the folder before returning, so the temp folder may go right after.
         with tempfile.TemporaryDirectory() as d:
             torch.save(checkpoint, os.path.join(d, CHECKPOINT_FILE))
-            Path(d, ITERATION_FILE).write_text(json.dumps({"iteration": self.iteration}))
+            attempt = self._fence.attempt if self._fence is not None else None
+            Path(d, ITERATION_FILE).write_text(json.dumps({"iteration": self.iteration, "attempt": attempt}))
             self._tune.report(metrics, checkpoint=self._tune.Checkpoint.from_directory(d))
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:

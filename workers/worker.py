@@ -75,7 +75,9 @@ def ensure_ray(settings: Settings) -> None:
     if settings.ray_address:
         ray.init(address=settings.ray_address, log_to_driver=False)
     else:
-        ray.init(num_cpus=settings.ray_num_cpus, include_dashboard=False, log_to_driver=False)
+        # "local": a Ray of its own even where `ray start` left a cluster on this host (without it, ray.init
+        # joins the latest one: a CI run's test worker joined another test's head and failed on num_cpus).
+        ray.init(address="local", num_cpus=settings.ray_num_cpus, include_dashboard=False, log_to_driver=False)
 
 
 def warm_up(settings: Settings) -> None:

@@ -209,3 +209,32 @@ def test_a_step_claimed_before_a_kill_but_never_logged_is_logged_on_replay(tmp_p
     assert trial.mlflow_run_id is not None
     history = again.client.get_metric_history(trial.mlflow_run_id, "loss")
     assert sorted(m.step for m in history) == [1, 2, 3, 4, 5]
+
+
+def test_a_replayed_step_fills_a_hole_below_steps_logged_later(tmp_path: Path) -> None:
+    """An attempt resumed past a step whose write a kill lost, then logged the steps after it; a later replay
+    of the lost step still reaches MLflow (a check against the highest logged step alone missed it)."""
+    settings = Settings(home=tmp_path)
+    store = QueueStore(settings.queue_url)
+    spec = _spec("hole")
+    store.submit(spec)
+    first = store.claim("w1", 30)
+    assert first is not None
+    tracker = SweepTracker(settings, store, first, spec)
+    tracker.start_trial("t0", {"seed": 0})
+    for step in (1, 3):  # step 2 was claimed, its write lost
+        assert store.trial_result(first.sweep_id, "t0", step, {"loss": 1.0 / step}, to_log=True)
+        tracker.log_trial_metrics("t0", {"loss": 1.0 / step}, step)
+    assert tracker.flush(wait_seconds=30)
+    store.requeue(first, "killed")
+    second = store.claim("w2", 30)
+    assert second is not None
+    again = SweepTracker(settings, store, second, spec)
+    again.start_trial("t0", {"seed": 0})
+    for step in (2, 3):
+        again.log_replayed_metrics("t0", {"loss": 1.0 / step}, step)
+    assert again.flush(wait_seconds=30)
+    [trial] = store.trials(second.sweep_id)
+    assert trial.mlflow_run_id is not None
+    history = again.client.get_metric_history(trial.mlflow_run_id, "loss")
+    assert sorted(m.step for m in history) == [1, 2, 3]

@@ -14,6 +14,7 @@ import pytest
 
 from tests.production.cluster import moto_s3
 from workers.durability import Fence, SupersededAttempt
+from workers.trainable import tune_checkpoint_usable
 
 
 def _ladder(storage: str) -> None:
@@ -30,6 +31,15 @@ def _ladder(storage: str) -> None:
         first.check()
     second.check()
     assert Fence.for_sweep(storage, 4, attempt=1).owner() is None  # another sweep's fence is its own
+
+
+def test_tunes_checkpoint_from_an_earlier_attempt_is_used_only_up_to_the_ledger() -> None:
+    now = Fence("unused", attempt=3)
+    assert tune_checkpoint_usable(9, 3, now, confirmed=0)  # a retry within this attempt
+    assert tune_checkpoint_usable(6, 2, now, confirmed=6)  # its metrics are known to be in MLflow
+    assert not tune_checkpoint_usable(7, 2, now, confirmed=6)  # step 7 may have died in the writer's queue
+    assert not tune_checkpoint_usable(7, None, now, confirmed=0)  # unstamped: from before stamps, unconfirmed
+    assert tune_checkpoint_usable(7, None, None, confirmed=0)  # outside a worker: no ledger to consult
 
 
 def test_a_newer_claim_stops_older_attempts_on_local_storage(tmp_path: Path) -> None:
@@ -68,7 +78,7 @@ from workers.trainable import run_trial
 storage, fs = tune_storage(sys.argv[1])
 fence = Fence.for_sweep(storage, 7, attempt=1)
 fence.claim()
-ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)  # not a `ray start` head
 tuner = tune.Tuner(
     tune.with_parameters(run_trial, task_name="tversky.xor", fence=fence),
     param_space={"steps": 10_000_000, "report_every": 100},
