@@ -16,7 +16,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from sqlalchemy.exc import OperationalError
 
-from service.queue import QueueStore
+from service.queue import Claim, QueueStore
 from service.settings import Settings
 from service.spec import SweepSpec, parse_spec
 from tests.e2e.conftest import free_port
@@ -178,15 +178,27 @@ def test_a_refused_write_is_not_an_outage(tmp_path: Path) -> None:
     assert not unreachable(ValueError("a bug, not an outage"))
 
 
+def _attempt(settings: Settings, store: QueueStore, spec: SweepSpec, worker: str) -> tuple[Claim, SweepTracker]:
+    """The next claim of the test's one sweep and its tracker, with trial t0 started."""
+    claim = store.claim(worker, 30)
+    assert claim is not None
+    tracker = SweepTracker(settings, store, claim, spec)
+    tracker.start_trial("t0", {"seed": 0})
+    return claim, tracker
+
+
+def _loss_steps(store: QueueStore, tracker: SweepTracker, claim: Claim) -> list[int]:
+    [trial] = store.trials(claim.sweep_id)
+    assert trial.mlflow_run_id is not None
+    return sorted(m.step for m in tracker.client.get_metric_history(trial.mlflow_run_id, "loss"))
+
+
 def test_a_step_claimed_before_a_kill_but_never_logged_is_logged_on_replay(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path)
     store = QueueStore(settings.queue_url)
     spec = _spec("replayed")
     store.submit(spec)
-    first = store.claim("w1", 30)
-    assert first is not None
-    tracker = SweepTracker(settings, store, first, spec)
-    tracker.start_trial("t0", {"seed": 0})
+    first, tracker = _attempt(settings, store, spec, "w1")
     for step in (1, 2, 3):  # what ProgressCallback does: claim the step, then log it
         assert store.trial_result(first.sweep_id, "t0", step, {"loss": 1.0 / step}, to_log=True)
         tracker.log_trial_metrics("t0", {"loss": 1.0 / step}, step)
@@ -195,20 +207,13 @@ def test_a_step_claimed_before_a_kill_but_never_logged_is_logged_on_replay(tmp_p
     )  # killed here, before step 4 reached MLflow
 
     store.requeue(first, "killed")
-    second = store.claim("w2", 30)
-    assert second is not None
-    again = SweepTracker(settings, store, second, spec)
-    again.start_trial("t0", {"seed": 0})
+    second, again = _attempt(settings, store, spec, "w2")
     for step in (3, 4):  # the trial resumes from its checkpoint at step 2 and reports 3 and 4 again
         assert not store.trial_result(second.sweep_id, "t0", step, {"loss": 1.0 / step}, to_log=True)
         again.log_replayed_metrics("t0", {"loss": 1.0 / step}, step)
     assert store.trial_result(second.sweep_id, "t0", 5, {"loss": 0.2}, to_log=True)
     again.log_trial_metrics("t0", {"loss": 0.2}, 5)
-
-    [trial] = store.trials(second.sweep_id)
-    assert trial.mlflow_run_id is not None
-    history = again.client.get_metric_history(trial.mlflow_run_id, "loss")
-    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5]
+    assert _loss_steps(store, again, second) == [1, 2, 3, 4, 5]
 
 
 def test_a_replayed_step_fills_a_hole_below_steps_logged_later(tmp_path: Path) -> None:
@@ -218,23 +223,14 @@ def test_a_replayed_step_fills_a_hole_below_steps_logged_later(tmp_path: Path) -
     store = QueueStore(settings.queue_url)
     spec = _spec("hole")
     store.submit(spec)
-    first = store.claim("w1", 30)
-    assert first is not None
-    tracker = SweepTracker(settings, store, first, spec)
-    tracker.start_trial("t0", {"seed": 0})
+    first, tracker = _attempt(settings, store, spec, "w1")
     for step in (1, 3):  # step 2 was claimed, its write lost
         assert store.trial_result(first.sweep_id, "t0", step, {"loss": 1.0 / step}, to_log=True)
         tracker.log_trial_metrics("t0", {"loss": 1.0 / step}, step)
     assert tracker.flush(wait_seconds=30)
     store.requeue(first, "killed")
-    second = store.claim("w2", 30)
-    assert second is not None
-    again = SweepTracker(settings, store, second, spec)
-    again.start_trial("t0", {"seed": 0})
+    second, again = _attempt(settings, store, spec, "w2")
     for step in (2, 3):
         again.log_replayed_metrics("t0", {"loss": 1.0 / step}, step)
     assert again.flush(wait_seconds=30)
-    [trial] = store.trials(second.sweep_id)
-    assert trial.mlflow_run_id is not None
-    history = again.client.get_metric_history(trial.mlflow_run_id, "loss")
-    assert sorted(m.step for m in history) == [1, 2, 3]
+    assert _loss_steps(store, again, second) == [1, 2, 3]
