@@ -17,7 +17,7 @@ Checks, in order (sizes: GPT-2 small's; `--dry-run`: toy sizes on the CPU, a few
    `layerlab down`. In --dry-run the sweep spec is only validated, unless --with-service (then it runs on the
    CPU as a two-worker Ray Train job, which takes minutes).
 
-Timing rows compare with /work/shared/reference/gpu_anchor.md's H200 figures (listed in ANCHOR). A check fails
+Timing rows compare with the H200 figures of the team's note gpu_anchor.md, copied into ANCHOR. A check fails
 (exit 1) on a wrong result or an error, never on speed; the table says FAIL in its status column.
 
     scripts/gpu-acceptance.sh                 # on a GPU machine (H100/H200): ~3-5 minutes
