@@ -6,7 +6,8 @@ build a Ray Train (V2) `TorchTrainer` whose workers report through `ray.train.re
 
 Every trainable first asks the sweep's ledger (workers.durability) about its trial: one that finished
 before a crash reports its stored final result and returns, and one that was interrupted resumes from
-the newer of Tune's checkpoint and the ledger's. Before each checkpoint, a trial checks the sweep's fence
+the newer of its own checkpoint (Tune's, or Ray Train's latest; one of an earlier attempt only up to the
+ledger's iteration) and the ledger's (resume_point). Before each checkpoint, a trial checks the sweep's fence
 (workers.durability.Fence): a process left over from an earlier attempt writes nothing.
 """
 
@@ -74,23 +75,61 @@ def _checkpoint_stamp(folder: str | Path) -> tuple[int, int | None]:
 
 
 def tune_checkpoint_usable(iteration: int, attempt: int | None, fence: Fence | None, confirmed: int) -> bool:
-    """Whether a trial may resume from Tune's checkpoint (its iteration, the attempt that wrote it): one of this
-    attempt (a retry within it) always; one of an earlier attempt only up to `confirmed`, the ledger's
-    iteration, whose metrics are known to be in MLflow (see TuneSession)."""
+    """Whether a trial may resume from the framework's own checkpoint (its iteration, the attempt that wrote it):
+    one of this attempt (a retry within it) always; one of an earlier attempt only up to `confirmed`, the
+    ledger's iteration, whose metrics are known to be in MLflow (see resume_point)."""
     return fence is None or attempt == fence.attempt or iteration <= confirmed
+
+
+def resume_point(own: Any, ledger: tuple[str, int] | None, fence: Fence | None) -> tuple[dict[str, Any] | None, int]:
+    """(checkpoint state, its iteration) a resumed trial starts from; (None, 0) for a fresh start.
+
+    `own`: the checkpoint Tune (`tune.get_checkpoint()`) or Ray Train (`ray.train.get_checkpoint()`, its run's
+    latest) hands the trial; `ledger`: the ledger's newest checkpoint of this trial (a URI) and its iteration.
+    The framework's own checkpoint from an earlier attempt is used only up to the ledger's iteration: Tune
+    saves its state, and Train keeps its latest checkpoint, whenever they like, so after a kill either may
+    name a checkpoint whose step's metrics were still queued for MLflow; resumed past it, the trial never
+    reports that step again and MLflow never gets it (seen in tests/faults/test_endings.py: a `loss` history
+    without step 6). The ledger records a checkpoint only once the metrics it covers are written
+    (workers.tracking `after_writes`), so from its checkpoint (or from the start, without one) the steps in
+    between are reported again and the missing ones logged once. The ledger's is used when it is newer."""
+    from ray.train import Checkpoint
+
+    state: dict[str, Any] | None = None
+    iteration = 0
+    confirmed = ledger[1] if ledger is not None else 0
+    if own is not None:
+        with own.as_directory() as d:
+            own_iteration, attempt = _checkpoint_stamp(d)
+            if tune_checkpoint_usable(own_iteration, attempt, fence, confirmed):
+                state, iteration = load_checkpoint_dir(d), own_iteration
+            else:
+                log.info(
+                    "the trial's own checkpoint (iteration %s, attempt %s) is past the ledger's (%s): "
+                    "resuming from the ledger's, or from the start without one",
+                    own_iteration, attempt, confirmed,
+                )  # fmt: skip
+    if ledger is not None and ledger[1] > iteration:
+        try:
+            with Checkpoint(ledger[0]).as_directory() as d:
+                state, iteration = load_checkpoint_dir(d), _checkpoint_stamp(d)[0]
+        except Exception as exc:  # noqa: BLE001 - e.g. an object store this process cannot reach by URI alone
+            log.warning("cannot read the ledger's checkpoint %s (%s); resuming as above", ledger[0], exc)
+    return state, iteration
+
+
+def _stamped_checkpoint_dir(d: str, checkpoint: dict[str, Any], iteration: int, fence: Fence | None) -> None:
+    """Fill `d` with a checkpoint and its stamp: the iteration it was reported with (a trial resumed from it
+    numbers its reports on from there) and the attempt that wrote it (tune_checkpoint_usable)."""
+    torch.save(checkpoint, os.path.join(d, CHECKPOINT_FILE))
+    attempt = fence.attempt if fence is not None else None
+    Path(d, ITERATION_FILE).write_text(json.dumps({"iteration": iteration, "attempt": attempt}))
 
 
 class TuneSession(_Artifacts):
     """Session for a plain Tune trial (one process). `resume`: the ledger's newest checkpoint of this trial
-    (a URI) and its iteration; used instead of Tune's own when it is newer (Tune's restored state may be a
-    save or more behind the trial). `fence`: the attempt this trial belongs to (None: unfenced, outside a worker).
-
-    Tune's own checkpoint from an earlier attempt is used only up to the ledger's iteration: Tune saves its
-    state whenever it likes, so after a kill it may name a checkpoint whose step's metrics were still queued
-    for MLflow; resumed past it, the trial never reports that step again and MLflow never gets it (seen in
-    tests/faults/test_endings.py: a `loss` history without step 6). The ledger records a checkpoint only
-    once the metrics it covers are written (workers.tracking `after_writes`), so from its checkpoint (or from
-    the start, without one) the steps in between are reported again and the missing ones logged once."""
+    (a URI) and its iteration (resume_point); `fence`: the attempt this trial belongs to (None: unfenced,
+    outside a worker)."""
 
     def __init__(self, resume: tuple[str, int] | None = None, fence: Fence | None = None) -> None:
         from ray import tune
@@ -100,26 +139,7 @@ class TuneSession(_Artifacts):
         self._fence = fence
         self.device = torch.device("cpu")
         self.world_rank, self.world_size = 0, 1
-        self.checkpoint: dict[str, Any] | None = None
-        self.iteration = 0
-        confirmed = resume[1] if resume is not None else 0
-        if (ckpt := tune.get_checkpoint()) is not None:
-            with ckpt.as_directory() as d:
-                iteration, attempt = _checkpoint_stamp(d)
-                if tune_checkpoint_usable(iteration, attempt, fence, confirmed):
-                    self.checkpoint, self.iteration = load_checkpoint_dir(d), iteration
-                else:
-                    log.info(
-                        "Tune's checkpoint of this trial (iteration %s, attempt %s) is past the ledger's (%s): "
-                        "resuming from the ledger's, or from the start without one",
-                        iteration, attempt, confirmed,
-                    )  # fmt: skip
-        if resume is not None and resume[1] > self.iteration:
-            try:
-                with tune.Checkpoint(resume[0]).as_directory() as d:
-                    self.checkpoint, self.iteration = load_checkpoint_dir(d), _checkpoint_stamp(d)[0]
-            except Exception as exc:  # noqa: BLE001 - e.g. an object store this process cannot reach by URI alone
-                log.warning("cannot read the ledger's checkpoint %s (%s); resuming as above", resume[0], exc)
+        self.checkpoint, self.iteration = resume_point(tune.get_checkpoint(), resume, fence)
 
     def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
         self.iteration += 1
@@ -131,9 +151,7 @@ class TuneSession(_Artifacts):
             self._fence.check()
         # tune.report persists the folder before returning, so the temp folder may go right after.
         with tempfile.TemporaryDirectory() as d:
-            torch.save(checkpoint, os.path.join(d, CHECKPOINT_FILE))
-            attempt = self._fence.attempt if self._fence is not None else None
-            Path(d, ITERATION_FILE).write_text(json.dumps({"iteration": self.iteration, "attempt": attempt}))
+            _stamped_checkpoint_dir(d, checkpoint, self.iteration, self._fence)
             self._tune.report(metrics, checkpoint=self._tune.Checkpoint.from_directory(d))
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -142,9 +160,10 @@ class TuneSession(_Artifacts):
 
 class TrainSession(_Artifacts):
     """Session for one Ray Train worker; rank 0 writes the checkpoints (and only its artifacts count:
-    TuneReportCallback forwards rank 0's metrics)."""
+    TuneReportCallback forwards rank 0's metrics). Every rank resumes from the same point (resume_point sees
+    the same checkpoints on each) and numbers its reports alike."""
 
-    def __init__(self, fence: Fence | None = None) -> None:
+    def __init__(self, resume: tuple[str, int] | None = None, fence: Fence | None = None) -> None:
         import ray.train
         import ray.train.torch
 
@@ -154,20 +173,17 @@ class TrainSession(_Artifacts):
         ctx = ray.train.get_context()
         self.world_rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
         self.device = ray.train.torch.get_device()
-        self.checkpoint: dict[str, Any] | None = None
-        ckpt = ray.train.get_checkpoint()
-        if ckpt is not None:
-            with ckpt.as_directory() as d:
-                self.checkpoint = load_checkpoint_dir(d)
+        self.checkpoint, self.iteration = resume_point(ray.train.get_checkpoint(), resume, fence)
 
     def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
-        metrics = self.attach(metrics)
+        self.iteration += 1
+        metrics = {**self.attach(metrics), ITERATION_KEY: self.iteration}
         with tempfile.TemporaryDirectory() as d:
             ckpt = None
             if checkpoint is not None and self.world_rank == 0:
                 if self._fence is not None:
                     self._fence.check()
-                torch.save(checkpoint, os.path.join(d, CHECKPOINT_FILE))
+                _stamped_checkpoint_dir(d, checkpoint, self.iteration, self._fence)
                 ckpt = self._train.Checkpoint.from_directory(d)
             self._train.report(metrics, checkpoint=ckpt)
 
@@ -215,7 +231,7 @@ def _train_worker_loop(loop_config: dict[str, Any]) -> None:
     torch.set_num_threads(max(1, int(loop_config["cpus"])))
     task = get_task(loop_config["task"])
     cfg = task.make_config(task_params(loop_config["config"]))
-    task.train(cfg, TrainSession(loop_config.get("fence")))
+    task.train(cfg, TrainSession(loop_config.get("resume"), loop_config.get("fence")))
 
 
 def run_trial_distributed(
@@ -240,12 +256,20 @@ def run_trial_distributed(
     if gpus > 0:
         resources["GPU"] = gpus / workers
     trial_id = tune.get_context().get_trial_id()
+    record = ledger.get(trial_id) if ledger else None
     trainer = TorchTrainer(
         _train_worker_loop,
-        train_loop_config={"task": task_name, "config": config, "cpus": cpus, "fence": fence},
+        train_loop_config={
+            "task": task_name,
+            "config": config,
+            "cpus": cpus,
+            "fence": fence,
+            "resume": record.resume if record else None,
+        },
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=gpus > 0, resources_per_worker=resources),
         torch_config=TorchConfig(backend="nccl" if gpus > 0 else "gloo"),
-        # Same name and storage on a rerun of this trial: Train V2 resumes from its latest checkpoint.
+        # Same name and storage on a rerun of this trial: Train V2 hands its latest checkpoint to the workers
+        # (TrainSession takes it or the ledger's: resume_point).
         run_config=ray.train.RunConfig(
             name=f"train-{trial_id}",
             storage_path=storage_path,
