@@ -74,7 +74,7 @@ def _checkpoint_stamp(folder: str | Path) -> tuple[int, int | None]:
     return int(stamp.get("iteration", 0)), attempt if isinstance(attempt, int) else None
 
 
-def tune_checkpoint_usable(iteration: int, attempt: int | None, fence: Fence | None, confirmed: int) -> bool:
+def own_checkpoint_usable(iteration: int, attempt: int | None, fence: Fence | None, confirmed: int) -> bool:
     """Whether a trial may resume from the framework's own checkpoint (its iteration, the attempt that wrote it):
     one of this attempt (a retry within it) always; one of an earlier attempt only up to `confirmed`, the
     ledger's iteration, whose metrics are known to be in MLflow (see resume_point)."""
@@ -101,7 +101,7 @@ def resume_point(own: Any, ledger: tuple[str, int] | None, fence: Fence | None) 
     if own is not None:
         with own.as_directory() as d:
             own_iteration, attempt = _checkpoint_stamp(d)
-            if tune_checkpoint_usable(own_iteration, attempt, fence, confirmed):
+            if own_checkpoint_usable(own_iteration, attempt, fence, confirmed):
                 state, iteration = load_checkpoint_dir(d), own_iteration
             else:
                 log.info(
@@ -120,7 +120,7 @@ def resume_point(own: Any, ledger: tuple[str, int] | None, fence: Fence | None) 
 
 def _stamped_checkpoint_dir(d: str, checkpoint: dict[str, Any], iteration: int, fence: Fence | None) -> None:
     """Fill `d` with a checkpoint and its stamp: the iteration it was reported with (a trial resumed from it
-    numbers its reports on from there) and the attempt that wrote it (tune_checkpoint_usable)."""
+    numbers its reports on from there) and the attempt that wrote it (own_checkpoint_usable)."""
     torch.save(checkpoint, os.path.join(d, CHECKPOINT_FILE))
     attempt = fence.attempt if fence is not None else None
     Path(d, ITERATION_FILE).write_text(json.dumps({"iteration": iteration, "attempt": attempt}))

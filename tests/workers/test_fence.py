@@ -14,7 +14,7 @@ import pytest
 
 from tests.production.cluster import moto_s3
 from workers.durability import Fence, SupersededAttempt
-from workers.trainable import tune_checkpoint_usable
+from workers.trainable import own_checkpoint_usable
 
 
 def _ladder(storage: str) -> None:
@@ -33,13 +33,13 @@ def _ladder(storage: str) -> None:
     assert Fence.for_sweep(storage, 4, attempt=1).owner() is None  # another sweep's fence is its own
 
 
-def test_tunes_checkpoint_from_an_earlier_attempt_is_used_only_up_to_the_ledger() -> None:
+def test_a_trials_own_checkpoint_from_an_earlier_attempt_is_used_only_up_to_the_ledger() -> None:
     now = Fence("unused", attempt=3)
-    assert tune_checkpoint_usable(9, 3, now, confirmed=0)  # a retry within this attempt
-    assert tune_checkpoint_usable(6, 2, now, confirmed=6)  # its metrics are known to be in MLflow
-    assert not tune_checkpoint_usable(7, 2, now, confirmed=6)  # step 7 may have died in the writer's queue
-    assert not tune_checkpoint_usable(7, None, now, confirmed=0)  # unstamped: from before stamps, unconfirmed
-    assert tune_checkpoint_usable(7, None, None, confirmed=0)  # outside a worker: no ledger to consult
+    assert own_checkpoint_usable(9, 3, now, confirmed=0)  # a retry within this attempt
+    assert own_checkpoint_usable(6, 2, now, confirmed=6)  # its metrics are known to be in MLflow
+    assert not own_checkpoint_usable(7, 2, now, confirmed=6)  # step 7 may have died in the writer's queue
+    assert not own_checkpoint_usable(7, None, now, confirmed=0)  # unstamped: from before stamps, unconfirmed
+    assert own_checkpoint_usable(7, None, None, confirmed=0)  # outside a worker: no ledger to consult
 
 
 def test_a_newer_claim_stops_older_attempts_on_local_storage(tmp_path: Path) -> None:
