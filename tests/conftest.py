@@ -31,7 +31,7 @@ if not os.path.exists("/dev/nvidia0"):
 # fixtures once) in whichever process is free; on 2 cores they fill the time the stack tests spend waiting.
 # Stack modules that only run sweeps to their end and check what those made (no kill, lease, outage or
 # timing) form a second unit, handed out last: the process that finishes the unit tests first (after ~10
-# of the ~26 minutes in a clean-clone run) takes it while the other runs the fault tests.
+# minutes of a clean-clone run) takes it while the other runs the fault tests.
 STACK_DIRS = {"e2e", "faults", "browser", "production", "containers"}
 SWEEPS_ONLY = {
     f"e2e/test_{name}_e2e.py" for name in ("tasks", "memory", "sna", "symbolic", "sac")
