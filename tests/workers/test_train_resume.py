@@ -14,6 +14,7 @@ import pytest
 
 TRAIN_TWICE = """
 import sys
+from pathlib import Path
 
 import ray
 import ray.train
@@ -39,7 +40,7 @@ def attempt(number, resume):
 
 
 attempt(1, None)  # four reports, each with a checkpoint: iterations 1..4
-first = sorted(p.parent for p in __import__("pathlib").Path(storage, "train-t1").glob("*/layerlab.json"))
+first = sorted(p.parent for p in Path(storage, "train-t1").glob("*/layerlab.json"))
 print("LEDGER", first[0], flush=True)
 # The ledger confirmed only the first checkpoint's metrics before the kill; Train keeps the fourth as its latest.
 attempt(2, (str(first[0]), 1))
