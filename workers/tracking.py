@@ -60,7 +60,7 @@ class SweepTracker:
         self._earlier: dict[str, str] | None = None  # see _earlier_runs
         self._backlog: list[tuple[str, Callable[[], object]]] = []  # (what, write), oldest first
         self._retry_at = 0.0
-        self._logged_steps: dict[str, set[int] | None] = {}  # trial id -> the steps MLflow holds (replays)
+        self._logged_steps: dict[str, set[int]] = {}  # trial id -> the steps MLflow holds (replays)
         # The sweep metric's history of each trial whose child run this attempt created, as logged: the
         # summary's curves then need no MLflow query per trial (200 of them at the end of a 200-trial sweep).
         self._curves: dict[str, dict[int, float]] = {}
@@ -318,9 +318,11 @@ class SweepTracker:
     def _log_if_missing(self, trial_id: str, metrics: dict[str, float], step: int) -> None:
         # Whether this very step is there, not whether a later one is: an attempt that resumed past a step
         # whose write a kill lost logs the steps after it, and a later replay of the step must still fill it.
-        if trial_id not in self._logged_steps:
-            self._logged_steps[trial_id] = self._steps_in_mlflow(trial_id)
-        held = self._logged_steps[trial_id]
+        held = self._logged_steps.get(trial_id)
+        if held is None:  # not cached while it cannot be known: the next replay asks again
+            held = self._steps_in_mlflow(trial_id)
+            if held is not None:
+                self._logged_steps[trial_id] = held
         if held is not None and step not in held:
             log.info("trial %s: step %d never reached MLflow before a crash; logging it now", trial_id, step)
             self._log_metrics(trial_id, metrics, step, _metric_batch(metrics, step))
@@ -328,9 +330,13 @@ class SweepTracker:
 
     def _steps_in_mlflow(self, trial_id: str) -> set[int] | None:
         """None when it cannot be known now (MLflow away): the step is then skipped, as before."""
-        run_id = self._children.get(trial_id)
-        if run_id is None or self._backlog:
+        if self._backlog:
             return None
+        # The trial's run from an earlier attempt when this one has not looked it up yet (its start may come
+        # after its first replayed result reaches here): without it the step would be skipped.
+        run_id = self._children.get(trial_id) or self._earlier_runs().get(trial_id)
+        if run_id is None:
+            return set()  # no run yet: MLflow holds none of its steps
         try:
             keys = self.client.get_run(run_id).data.metrics
             steps = [m.step for key in keys for m in self.client.get_metric_history(run_id, key)]
