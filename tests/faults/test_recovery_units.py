@@ -234,3 +234,27 @@ def test_a_replayed_step_fills_a_hole_below_steps_logged_later(tmp_path: Path) -
         again.log_replayed_metrics("t0", {"loss": 1.0 / step}, step)
     assert again.flush(wait_seconds=30)
     assert _loss_steps(store, again, second) == [1, 2, 3]
+
+
+def test_a_replay_that_comes_before_the_trial_run_is_looked_up_is_still_logged(tmp_path: Path) -> None:
+    """The next attempt's tracker has not looked up the trial's run yet (its start not handled) when the
+    replayed step arrives: the run is found among the earlier attempts' runs and the step logged, not skipped
+    (a skip let the ledger confirm a checkpoint past a step MLflow never got: test_endings, step 4)."""
+    settings = Settings(home=tmp_path)
+    store = QueueStore(settings.queue_url)
+    spec = _spec("early-replay")
+    store.submit(spec)
+    first, tracker = _attempt(settings, store, spec, "w1")
+    for step in (1, 2):
+        assert store.trial_result(first.sweep_id, "t0", step, {"loss": 1.0 / step}, to_log=True)
+        tracker.log_trial_metrics("t0", {"loss": 1.0 / step}, step)
+    assert store.trial_result(first.sweep_id, "t0", 3, {"loss": 1 / 3}, to_log=True)  # killed before its write
+    assert tracker.flush(wait_seconds=30)
+    store.requeue(first, "killed")
+    second = store.claim("w2", 30)
+    assert second is not None
+    again = SweepTracker(settings, store, second, spec)  # no start_trial("t0") yet
+    again.log_replayed_metrics("t0", {"loss": 1 / 3}, 3)
+    again.start_trial("t0", {"seed": 0})
+    assert again.flush(wait_seconds=30)
+    assert _loss_steps(store, again, second) == [1, 2, 3]
