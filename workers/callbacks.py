@@ -16,11 +16,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ray import tune
+from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 
 from service.models import TrialState
 from service.queue import Claim, QueueStore
 from service.spec import SweepSpec
-from workers.durability import ITERATION_KEY, REPLAYED_KEY, Fence, Ledger, checkpoint_uri, finished_result
+from workers.durability import (
+    ITERATION_KEY,
+    REPLAYED_KEY,
+    Fence,
+    Ledger,
+    checkpoint_uri,
+    finished_result,
+    train_checkpoint_uri,
+)
 from workers.tracking import SweepTracker
 from workers.trainable import ARTIFACTS_KEY, NODE_KEY
 
@@ -39,6 +48,8 @@ class LiveSweep:
     ledger: Ledger
     stop: StopRequests
     fence: Fence | None = None
+    storage: str = ""
+    """The sweep's Tune storage setting (a path or a URI), where Ray Train trials keep their checkpoints."""
     best: float | None = None
     iterations: dict[str, int] = field(default_factory=dict)
     """Trial id -> the iteration of its latest result (the one a checkpoint comes with)."""
@@ -119,6 +130,11 @@ class ProgressCallback(tune.Callback):
             live.tracker.log_trial_metrics(trial.trial_id, metrics, step)
         elif metrics:
             live.tracker.log_replayed_metrics(trial.trial_id, metrics, step)
+        # A Ray Train trial's checkpoint reaches Tune only as a path in its result (TuneReportCallback): the ledger
+        # records it as it does a Tune checkpoint, so a later attempt resumes the TorchTrainer from it.
+        train_checkpoint = result.get(CHECKPOINT_PATH_KEY)
+        if isinstance(train_checkpoint, str):
+            self._confirm_checkpoint(live, trial.trial_id, step, train_checkpoint_uri(train_checkpoint, live.storage))
         value = metrics.get(live.spec.metric.name)
         if value is not None and _better(value, live.best, live.spec.metric.mode or "max"):
             live.best = value
@@ -130,11 +146,16 @@ class ProgressCallback(tune.Callback):
         live = self.live
         if live is None or self._finished_before(live, trial.trial_id):
             return
-        step, uri = live.iterations.get(trial.trial_id, 0), checkpoint_uri(checkpoint)
         # Tune calls on_trial_result first: the step's metrics are already on their way to MLflow.
+        self._confirm_checkpoint(
+            live, trial.trial_id, live.iterations.get(trial.trial_id, 0), checkpoint_uri(checkpoint)
+        )
+
+    def _confirm_checkpoint(self, live: LiveSweep, trial_id: str, step: int, uri: str) -> None:
+        """Record the trial's checkpoint in the ledger once the metrics it covers are in MLflow (after_writes)."""
         live.tracker.after_writes(
-            f"trial {trial.trial_id} checkpoint at step {step}",
-            lambda: live.store.trial_checkpoint(self.sweep_id, trial.trial_id, uri, step),
+            f"trial {trial_id} checkpoint at step {step}",
+            lambda: live.store.trial_checkpoint(self.sweep_id, trial_id, uri, step),
         )
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:

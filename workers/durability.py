@@ -181,6 +181,14 @@ def checkpoint_uri(checkpoint: Any) -> str:
     return f"{fs_type}://{checkpoint.path}"
 
 
+def train_checkpoint_uri(path: str, storage: str) -> str:
+    """A Ray Train checkpoint's path, as TuneReportCallback hands it on (the path within its filesystem, without
+    the scheme of an object store), as a URI that `ray.tune.Checkpoint(uri)` opens again."""
+    if "://" in path or "://" not in storage:
+        return path
+    return f"{storage.split('://', 1)[0]}://{path}"
+
+
 def prune_checkpoints(store: QueueStore, sweep_id: int) -> int:
     """After a sweep succeeded: each trial's checkpoints but its last one are deleted (local storage only;
     an object store's lifecycle rules are the operator's). Returns how many were deleted."""

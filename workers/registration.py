@@ -24,8 +24,11 @@ from workers.trainable import load_checkpoint_dir, task_params
 log = logging.getLogger(__name__)
 
 
-def load_best_model(task: Task, config: dict[str, Any], checkpoint_dir: str | Path) -> torch.nn.Module:
-    state = load_checkpoint_dir(checkpoint_dir)
+def load_best_model(
+    task: Task, config: dict[str, Any], checkpoint_dir: str | Path, iteration: int | None = None
+) -> torch.nn.Module:
+    """The model of a checkpoint folder's checkpoint of `iteration` (else its newest)."""
+    state = load_checkpoint_dir(checkpoint_dir, iteration)
     model: torch.nn.Module = task.build_model(task.make_config(task_params(config)))
     model.load_state_dict(state["model"])
     model.eval()

@@ -17,7 +17,9 @@ import base64
 import json
 import logging
 import os
+import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +29,17 @@ from jobs.registry import get_task
 from workers.durability import ITERATION_KEY, REPLAYED_KEY, Fence, Ledger
 
 log = logging.getLogger(__name__)
-CHECKPOINT_FILE = "checkpoint.pt"
-ITERATION_FILE = "layerlab.json"
-"""Beside checkpoint.pt: the iteration the checkpoint was reported with, so that a trial resumed from
-it numbers its reports on from there, whichever checkpoint it resumes from."""
+CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)(?:-a(\d+))?\.pt")
+"""A checkpoint file, named by what it holds: the iteration it was reported with (a trial resumed from it numbers
+its reports on from there) and the attempt of the sweep that wrote it (checkpoint_usable). Never by where it
+lies: Tune names a trial's checkpoint folders by a counter kept in its experiment state, and a state restored
+from a save older than the trial's newest checkpoint counts again from there, so a later attempt writes into a
+folder that already holds an earlier attempt's checkpoint, perhaps the very one the ledger confirmed (seen in
+tests/faults/test_endings.py: the ledger's folder then held a later iteration whose metrics MLflow never got,
+and the trial resumed past them). Tune copies a checkpoint's files into the folder without emptying it, so
+files named apart all stay."""
+LEGACY_FILE, LEGACY_STAMP = "checkpoint.pt", "layerlab.json"
+"""The layout before CHECKPOINT_NAME: one checkpoint per folder, its iteration and attempt in a file beside it."""
 ARTIFACTS_KEY = "artifacts"
 """Result key under which files from `session.log_artifact` reach the driver (name -> base64)."""
 NODE_KEY = "node_id"
@@ -59,25 +68,58 @@ class _Artifacts:
         return out
 
 
-def load_checkpoint_dir(path: str | Path) -> dict[str, Any]:
-    state: dict[str, Any] = torch.load(Path(path) / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    path: Path
+    iteration: int
+    attempt: int | None
+    """The attempt of the sweep that wrote it; None outside a worker (no fence), or unknown."""
+
+
+def checkpoint_file_name(iteration: int, attempt: int | None) -> str:
+    return f"checkpoint-{iteration:06d}.pt" if attempt is None else f"checkpoint-{iteration:06d}-a{attempt}.pt"
+
+
+def stored_checkpoints(folder: str | Path) -> list[StoredCheckpoint]:
+    """The checkpoints a checkpoint folder holds, oldest iteration first."""
+    found = []
+    for path in Path(folder).glob("checkpoint*.pt"):
+        if m := CHECKPOINT_NAME.fullmatch(path.name):
+            found.append(StoredCheckpoint(path, int(m[1]), int(m[2]) if m[2] else None))
+    legacy = Path(folder) / LEGACY_FILE
+    if legacy.exists():
+        try:
+            stamp = json.loads((Path(folder) / LEGACY_STAMP).read_text())
+        except (OSError, ValueError):
+            stamp = {}  # from before stamps: iteration 0, attempt unknown
+        attempt = stamp.get("attempt")
+        found.append(
+            StoredCheckpoint(legacy, int(stamp.get("iteration", 0)), attempt if isinstance(attempt, int) else None)
+        )
+    return sorted(found, key=lambda c: (c.iteration, c.attempt or 0))
+
+
+def load_checkpoint_dir(path: str | Path, iteration: int | None = None) -> dict[str, Any]:
+    """The checkpoint of `iteration` in a checkpoint folder (the ledger knows which one it confirmed), else the
+    newest there."""
+    found = stored_checkpoints(path)
+    if iteration is not None:
+        found = [c for c in found if c.iteration == iteration]
+    if not found:
+        at = "" if iteration is None else f" of iteration {iteration}"
+        raise FileNotFoundError(f"no checkpoint{at} in {path}")
+    return _load(found[-1])
+
+
+def _load(checkpoint: StoredCheckpoint) -> dict[str, Any]:
+    state: dict[str, Any] = torch.load(checkpoint.path, map_location="cpu", weights_only=False)
     return state
 
 
-def _checkpoint_stamp(folder: str | Path) -> tuple[int, int | None]:
-    """(iteration, attempt of the sweep that wrote it) from beside a checkpoint."""
-    try:
-        stamp = json.loads((Path(folder) / ITERATION_FILE).read_text())
-    except (OSError, ValueError):
-        return 0, None  # a checkpoint made before the iteration was written beside it
-    attempt = stamp.get("attempt")
-    return int(stamp.get("iteration", 0)), attempt if isinstance(attempt, int) else None
-
-
-def own_checkpoint_usable(iteration: int, attempt: int | None, fence: Fence | None, confirmed: int) -> bool:
-    """Whether a trial may resume from the framework's own checkpoint (its iteration, the attempt that wrote it):
-    one of this attempt (a retry within it) always; one of an earlier attempt only up to `confirmed`, the
-    ledger's iteration, whose metrics are known to be in MLflow (see resume_point)."""
+def checkpoint_usable(iteration: int, attempt: int | None, fence: Fence | None, confirmed: int) -> bool:
+    """Whether a trial may resume from a checkpoint (its iteration, the attempt that wrote it): one of this
+    attempt (a retry within it) always; one of an earlier attempt only up to `confirmed`, the ledger's
+    iteration, whose metrics are known to be in MLflow (see resume_point)."""
     return fence is None or attempt == fence.attempt or iteration <= confirmed
 
 
@@ -86,44 +128,41 @@ def resume_point(own: Any, ledger: tuple[str, int] | None, fence: Fence | None) 
 
     `own`: the checkpoint Tune (`tune.get_checkpoint()`) or Ray Train (`ray.train.get_checkpoint()`, its run's
     latest) hands the trial; `ledger`: the ledger's newest checkpoint of this trial (a URI) and its iteration.
-    The framework's own checkpoint from an earlier attempt is used only up to the ledger's iteration: Tune
-    saves its state, and Train keeps its latest checkpoint, whenever they like, so after a kill either may
-    name a checkpoint whose step's metrics were still queued for MLflow; resumed past it, the trial never
-    reports that step again and MLflow never gets it (seen in tests/faults/test_endings.py: a `loss` history
-    without step 6). The ledger records a checkpoint only once the metrics it covers are written
+    The trial starts from the newest usable checkpoint in either folder. One of an earlier attempt is usable only
+    up to the ledger's iteration: Tune saves its state, and Train keeps its latest checkpoint, whenever they like,
+    so after a kill either may name a checkpoint whose step's metrics were still queued for MLflow; resumed past
+    it, the trial never reports that step again and MLflow never gets it (seen in tests/faults/test_endings.py: a
+    `loss` history without step 6). The ledger records a checkpoint only once the metrics it covers are written
     (workers.tracking `after_writes`), so from its checkpoint (or from the start, without one) the steps in
-    between are reported again and the missing ones logged once. The ledger's is used when it is newer."""
+    between are reported again and the missing ones logged once."""
     from ray.train import Checkpoint
 
+    confirmed = ledger[1] if ledger is not None else 0
     state: dict[str, Any] | None = None
     iteration = 0
-    confirmed = ledger[1] if ledger is not None else 0
-    if own is not None:
-        with own.as_directory() as d:
-            own_iteration, attempt = _checkpoint_stamp(d)
-            if own_checkpoint_usable(own_iteration, attempt, fence, confirmed):
-                state, iteration = load_checkpoint_dir(d), own_iteration
-            else:
-                log.info(
-                    "the trial's own checkpoint (iteration %s, attempt %s) is past the ledger's (%s): "
-                    "resuming from the ledger's, or from the start without one",
-                    own_iteration, attempt, confirmed,
-                )  # fmt: skip
-    if ledger is not None and ledger[1] > iteration:
+    sources = [("the trial's own", own)] if own is not None else []
+    if ledger is not None:
+        sources.append(("the ledger's", Checkpoint(ledger[0])))
+    for name, source in sources:
         try:
-            with Checkpoint(ledger[0]).as_directory() as d:
-                state, iteration = load_checkpoint_dir(d), _checkpoint_stamp(d)[0]
+            with source.as_directory() as d:
+                found = stored_checkpoints(d)
+                usable = [c for c in found if checkpoint_usable(c.iteration, c.attempt, fence, confirmed)]
+                if len(usable) < len(found):
+                    log.info(
+                        "%s checkpoint folder holds iterations past the ledger's (%s) from earlier attempts: "
+                        "not resumed from", name, confirmed,
+                    )  # fmt: skip
+                if usable and usable[-1].iteration > iteration:
+                    state, iteration = _load(usable[-1]), usable[-1].iteration
         except Exception as exc:  # noqa: BLE001 - e.g. an object store this process cannot reach by URI alone
-            log.warning("cannot read the ledger's checkpoint %s (%s); resuming as above", ledger[0], exc)
+            log.warning("cannot read %s checkpoint %s (%s); resuming as if it were not there", name, source, exc)
     return state, iteration
 
 
 def _stamped_checkpoint_dir(d: str, checkpoint: dict[str, Any], iteration: int, fence: Fence | None) -> None:
-    """Fill `d` with a checkpoint and its stamp: the iteration it was reported with (a trial resumed from it
-    numbers its reports on from there) and the attempt that wrote it (own_checkpoint_usable)."""
-    torch.save(checkpoint, os.path.join(d, CHECKPOINT_FILE))
-    attempt = fence.attempt if fence is not None else None
-    Path(d, ITERATION_FILE).write_text(json.dumps({"iteration": iteration, "attempt": attempt}))
+    """Fill `d` with a checkpoint in a file named by its iteration and the attempt that wrote it (CHECKPOINT_NAME)."""
+    torch.save(checkpoint, os.path.join(d, checkpoint_file_name(iteration, fence.attempt if fence else None)))
 
 
 class TuneSession(_Artifacts):

@@ -296,8 +296,9 @@ class Worker:
         except OSError as exc:  # Tune's own writes to this storage will tell; the fence is a second guard
             log.warning("sweep %s: cannot write its fence %s (%s); running unfenced", claim.sweep_id, fence.uri, exc)
         live = LiveSweep(
-            claim=claim, store=self.store, tracker=tracker, spec=spec, ledger=ledger, stop=stop, fence=fence
-        )
+            claim=claim, store=self.store, tracker=tracker, spec=spec, ledger=ledger, stop=stop, fence=fence,
+            storage=self.settings.tune_storage,
+        )  # fmt: skip
         live.best = self.store.get(claim.sweep_id).best_metric
         LIVE[claim.sweep_id] = live
         holder["live"] = live
@@ -360,7 +361,7 @@ class Worker:
             version = register_model(
                 self.settings.tracking_uri,
                 task=task,
-                model=load_best_model(task, best.config, self._best_checkpoint(claim, trial_id, best)),
+                model=load_best_model(task, best.config, *self._best_checkpoint(claim, trial_id, best)),
                 config=best.config,
                 name=spec.register.model,
                 alias=spec.register.alias,
@@ -383,21 +384,23 @@ class Worker:
         pruned = prune_checkpoints(self.store, claim.sweep_id)
         log.info("sweep %s: kept each trial's last checkpoint, deleted %d older ones", claim.sweep_id, pruned)
 
-    def _best_checkpoint(self, claim: Claim, trial_id: str, best: Any) -> Path:
-        """A local folder holding the best trial's last checkpoint: the ledger's (Tune's restored view of a
-        trial that finished before a crash may name an older one), else Tune's, else Ray Train's."""
+    def _best_checkpoint(self, claim: Claim, trial_id: str, best: Any) -> tuple[Path, int | None]:
+        """A local folder holding the best trial's last checkpoint, and its iteration where known: the ledger's
+        (Tune's restored view of a trial that finished before a crash may name an older one), else Tune's, else
+        Ray Train's (the newest in its folder)."""
         from ray import tune
 
         row = next((t for t in self.store.trials(claim.sweep_id) if t.trial_id == trial_id), None)
+        iteration = None
         if row is not None and row.checkpoint_path:
-            checkpoint = tune.Checkpoint(row.checkpoint_path)
+            checkpoint, iteration = tune.Checkpoint(row.checkpoint_path), row.checkpoint_iteration
         elif best.checkpoint is not None:
             checkpoint = best.checkpoint
         elif best.metrics.get("checkpoint_path"):  # a Ray Train trial: its checkpoint lives in Train's storage
             checkpoint = tune.Checkpoint(best.metrics["checkpoint_path"])
         else:
             raise RuntimeError(f"the best trial {trial_id} reported no checkpoint; cannot register a model")
-        return Path(checkpoint.to_directory())
+        return Path(checkpoint.to_directory()), iteration
 
 
 def logged_keys(task: Any) -> list[str]:

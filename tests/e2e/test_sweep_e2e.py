@@ -14,7 +14,10 @@ import pytest
 import torch
 
 from jobs.registry import get_task
+from service.queue import QueueStore
+from service.settings import Settings
 from workers.registration import load_best_model
+from workers.trainable import stored_checkpoints
 
 from .conftest import Stack
 
@@ -170,3 +173,7 @@ register: {model: e2e-xor-ddp}
     assert len(children) == 1
     steps = Counter(m.step for m in client.get_metric_history(children[0].info.run_id, "loss"))
     assert sorted(steps) == [1, 2] and set(steps.values()) == {1}
+    # The ledger holds the TorchTrainer's last checkpoint (a later attempt would resume from it), in Train's storage.
+    (trial,) = QueueStore(Settings(home=workers.home).queue_url).trials(submitted["id"])
+    assert trial.checkpoint_iteration == 2 and f"/train-{trial.trial_id}/" in (trial.checkpoint_path or ""), trial
+    assert [c.iteration for c in stored_checkpoints(trial.checkpoint_path)] == [2]

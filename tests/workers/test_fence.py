@@ -14,7 +14,7 @@ import pytest
 
 from tests.production.cluster import moto_s3
 from workers.durability import Fence, SupersededAttempt
-from workers.trainable import own_checkpoint_usable
+from workers.trainable import checkpoint_usable
 
 
 def _ladder(storage: str) -> None:
@@ -35,11 +35,11 @@ def _ladder(storage: str) -> None:
 
 def test_a_trials_own_checkpoint_from_an_earlier_attempt_is_used_only_up_to_the_ledger() -> None:
     now = Fence("unused", attempt=3)
-    assert own_checkpoint_usable(9, 3, now, confirmed=0)  # a retry within this attempt
-    assert own_checkpoint_usable(6, 2, now, confirmed=6)  # its metrics are known to be in MLflow
-    assert not own_checkpoint_usable(7, 2, now, confirmed=6)  # step 7 may have died in the writer's queue
-    assert not own_checkpoint_usable(7, None, now, confirmed=0)  # unstamped: from before stamps, unconfirmed
-    assert own_checkpoint_usable(7, None, None, confirmed=0)  # outside a worker: no ledger to consult
+    assert checkpoint_usable(9, 3, now, confirmed=0)  # a retry within this attempt
+    assert checkpoint_usable(6, 2, now, confirmed=6)  # its metrics are known to be in MLflow
+    assert not checkpoint_usable(7, 2, now, confirmed=6)  # step 7 may have died in the writer's queue
+    assert not checkpoint_usable(7, None, now, confirmed=0)  # unstamped: from before stamps, unconfirmed
+    assert checkpoint_usable(7, None, None, confirmed=0)  # outside a worker: no ledger to consult
 
 
 def test_a_newer_claim_stops_older_attempts_on_local_storage(tmp_path: Path) -> None:

@@ -4,13 +4,14 @@ numbered on from that checkpoint's iteration (workers.trainable.resume_point).""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from workers.trainable import stored_checkpoints
 
 TRAIN_TWICE = """
 import sys
@@ -40,7 +41,7 @@ def attempt(number, resume):
 
 
 attempt(1, None)  # four reports, each with a checkpoint: iterations 1..4
-first = sorted(p.parent for p in Path(storage, "train-t1").glob("*/layerlab.json"))
+first = sorted(p.parent for p in Path(storage, "train-t1").glob("*/checkpoint-*.pt"))
 print("LEDGER", first[0], flush=True)
 # The ledger confirmed only the first checkpoint's metrics before the kill; Train keeps the fourth as its latest.
 attempt(2, (str(first[0]), 1))
@@ -58,8 +59,8 @@ def test_a_train_trial_of_a_later_attempt_resumes_from_the_ledger_not_from_train
         env={**os.environ, "RAY_ADDRESS": ""},
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
-    stamps = [json.loads(p.read_text()) for p in storage.glob("train-t1/*/layerlab.json")]
-    by_attempt = {a: sorted(s["iteration"] for s in stamps if s["attempt"] == a) for a in (1, 2)}
+    stamps = [c for folder in storage.glob("train-t1/checkpoint*") for c in stored_checkpoints(folder)]
+    by_attempt = {a: sorted(c.iteration for c in stamps if c.attempt == a) for a in (1, 2)}
     assert by_attempt[1] == [1, 2, 3, 4]
     # Resumed at the ledger's iteration 1 (step 25): steps 50, 75, 100 again, numbered 2..4, so MLflow's
     # steps 2..4 are reported again (and logged where missing) instead of being skipped.
