@@ -296,55 +296,52 @@ class SweepTracker:
         self._submit(lambda: self._log_metrics(trial_id, metrics, step, batch), True)
 
     def _log_metrics(self, trial_id: str, metrics: dict[str, float], step: int, batch: list[Metric]) -> None:
+        self._write(f"trial {trial_id} step {step}", lambda: self._log_now(trial_id, metrics, step, batch))
+
+    def _log_now(self, trial_id: str, metrics: dict[str, float], step: int, batch: list[Metric]) -> None:
+        run_id = self._children.get(trial_id) or self.child_run(trial_id, {})
+        self.client.log_batch(run_id, metrics=batch)
+        if (held := self._logged_steps.get(trial_id)) is not None:
+            held.add(step)  # a trial retried within this attempt replays it: then it is there
         value = metrics.get(self.spec.metric.name)
-        task_step = metrics.get("step")  # summary_plots.STEP_KEY (not imported here: it loads matplotlib)
-
-        def write() -> None:
-            run_id = self._children.get(trial_id) or self.child_run(trial_id, {})
-            self.client.log_batch(run_id, metrics=batch)
-            if value is not None and trial_id in self._curves:
-                self._curves[trial_id][step] = value
-                if task_step is not None:
-                    self._steps.setdefault(trial_id, {})[step] = task_step
-
-        self._write(f"trial {trial_id} step {step}", write)
+        if value is not None and trial_id in self._curves:
+            self._curves[trial_id][step] = value
+            task_step = metrics.get("step")  # summary_plots.STEP_KEY (not imported here: it loads matplotlib)
+            if task_step is not None:
+                self._steps.setdefault(trial_id, {})[step] = task_step
 
     def log_replayed_metrics(self, trial_id: str, metrics: dict[str, float], step: int) -> None:
         """A result for a step that an earlier attempt claimed (`trials.logged_iteration`) before it
         was killed: log it if MLflow never got it (the kill came between the claim and the write).
-        Trials replay the steps after their last checkpoint, so such a step comes round again."""
-        self._submit(lambda: self._log_if_missing(trial_id, metrics, step), True)
+        Trials replay the steps after their last checkpoint, so such a step comes round again. The check is
+        a write like any other: while MLflow does not answer it is kept back, in order, so the ledger's record
+        of the checkpoint after this step (after_writes) waits for it."""
+        batch = _metric_batch(metrics, step)
 
-    def _log_if_missing(self, trial_id: str, metrics: dict[str, float], step: int) -> None:
+        def fill() -> None:
+            self._log_if_missing(trial_id, metrics, step, batch)
+
+        self._submit(lambda: self._write(f"trial {trial_id} replayed step {step}", fill), True)
+
+    def _log_if_missing(self, trial_id: str, metrics: dict[str, float], step: int, batch: list[Metric]) -> None:
         # Whether this very step is there, not whether a later one is: an attempt that resumed past a step
         # whose write a kill lost logs the steps after it, and a later replay of the step must still fill it.
         held = self._logged_steps.get(trial_id)
-        if held is None:  # not cached while it cannot be known: the next replay asks again
-            held = self._steps_in_mlflow(trial_id)
-            if held is not None:
-                self._logged_steps[trial_id] = held
-        if held is not None and step not in held:
+        if held is None:
+            held = self._logged_steps[trial_id] = self._steps_in_mlflow(trial_id)
+        if step not in held:
             log.info("trial %s: step %d never reached MLflow before a crash; logging it now", trial_id, step)
-            self._log_metrics(trial_id, metrics, step, _metric_batch(metrics, step))
-            held.add(step)
+            self._log_now(trial_id, metrics, step, batch)
 
-    def _steps_in_mlflow(self, trial_id: str) -> set[int] | None:
-        """None when it cannot be known now (MLflow away): the step is then skipped, as before."""
-        if self._backlog:
-            return None
+    def _steps_in_mlflow(self, trial_id: str) -> set[int]:
+        """The steps MLflow holds for the trial (any metric); raises when MLflow does not answer."""
         # The trial's run from an earlier attempt when this one has not looked it up yet (its start may come
         # after its first replayed result reaches here): without it the step would be skipped.
         run_id = self._children.get(trial_id) or self._earlier_runs().get(trial_id)
         if run_id is None:
             return set()  # no run yet: MLflow holds none of its steps
-        try:
-            keys = self.client.get_run(run_id).data.metrics
-            steps = [m.step for key in keys for m in self.client.get_metric_history(run_id, key)]
-        except Exception as exc:
-            if not unreachable(exc):
-                raise
-            return None
-        return set(steps)
+        keys = self.client.get_run(run_id).data.metrics
+        return {m.step for key in keys for m in self.client.get_metric_history(run_id, key)}
 
     def log_trial_files(self, trial_id: str, files: dict[str, bytes]) -> None:
         """Files a task logged with `session.log_artifact`, on the trial's child run (re-logging after

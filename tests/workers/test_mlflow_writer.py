@@ -24,23 +24,27 @@ from workers.tracking import SweepTracker
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    home, port = tmp_path_factory.mktemp("mlflow"), free_port()
-    # The server exactly as `layerlab up` starts it.
+def start_server(home: Path, port: int) -> subprocess.Popen[bytes]:
+    """An MLflow server exactly as `layerlab up` starts it, once it answers."""
     command = _mlflow_server_cmd(Settings(home=home, mlflow_tracking_uri=None), port)
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
 
     def answers() -> bool:
         try:
-            return urllib.request.urlopen(url + "/health", timeout=2).status == 200  # noqa: S310
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200  # noqa: S310
         except OSError:
             return False
 
     wait_until(answers, 120, "the MLflow server")
-    yield url
+    return proc
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    proc = start_server(tmp_path_factory.mktemp("mlflow"), port)
+    yield f"http://127.0.0.1:{port}"
     proc.terminate()
     proc.wait(timeout=30)
 
@@ -127,3 +131,45 @@ def run_of(store: QueueStore, trial_id: str) -> str:
     [run_id] = [t.mlflow_run_id for t in store.trials(1) if t.trial_id == trial_id]
     assert run_id is not None
     return run_id
+
+
+def test_a_replay_while_mlflow_is_down_is_checked_once_it_answers_and_the_checkpoint_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replayed step that arrives while the server is away cannot be checked against MLflow: the check is kept
+    back with the writes, and the ledger's record of the checkpoint after it waits behind it. (Skipped instead,
+    the ledger confirmed the checkpoint at once and the step never reached MLflow.)"""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # as the worker sets it: an outage shows at once
+    home, port = tmp_path / "mlflow", free_port()
+    proc = start_server(home, port)
+    try:
+        tracker, store = tracker_for(tmp_path, f"http://127.0.0.1:{port}")
+        tracker.start_trial("t0", {"seed": 0})
+        for step in (1, 2):
+            assert store.trial_result(tracker.sweep_id, "t0", step, {"loss": 1.0 / step}, to_log=True)
+            tracker.log_trial_metrics("t0", {"loss": 1.0 / step}, step)
+        assert store.trial_result(tracker.sweep_id, "t0", 3, {"loss": 1 / 3}, to_log=True)  # killed before its write
+        tracker.flush()
+        tracker.close()
+        store.requeue(tracker.claim, "killed")
+        second = store.claim("w2", 30)
+        assert second is not None
+        again = SweepTracker(tracker.settings, store, second, tracker.spec)
+        again.start_trial("t0", {"seed": 0})
+        again.settle(everything=True)
+        proc.terminate()
+        proc.wait(timeout=30)
+        again.log_replayed_metrics("t0", {"loss": 1 / 3}, 3)  # the trial resumed from its checkpoint at 2
+        recorded: list[int] = []
+        again.after_writes("ledger", lambda: recorded.append(3))
+        again.settle(everything=True)
+        assert recorded == []  # kept back behind the replay's check
+        proc = start_server(home, port)
+        assert again.flush(wait_seconds=120)
+        assert recorded == [3]
+        steps = [m.step for m in again.client.get_metric_history(run_of(store, "t0"), "loss")]
+        assert sorted(steps) == [1, 2, 3]
+        again.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
