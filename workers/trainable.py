@@ -141,7 +141,7 @@ def resume_point(own: Any, ledger: tuple[str, int] | None, fence: Fence | None) 
     state: dict[str, Any] | None = None
     iteration = 0
     sources = [("the trial's own", own)] if own is not None else []
-    if ledger is not None:
+    if ledger is not None and (own is None or Checkpoint(ledger[0]).path != own.path):  # often the same folder
         sources.append(("the ledger's", Checkpoint(ledger[0])))
     for name, source in sources:
         try:
