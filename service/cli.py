@@ -22,6 +22,7 @@ from rich.table import Table
 
 from service import cli_views as views
 from service import local_ray
+from service.cli_claims import claims_app
 from service.errors import SpecError
 from service.settings import Settings, get_settings
 from workers.supervisor import STANDBY_FLAG
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # the CLI imports SQLAlchemy only for the commands that need 
 app = typer.Typer(help="layerlab: sweeps of new neural-network primitives on Ray Tune, tracked in MLflow.")
 token_app = typer.Typer(help="API tokens (operators; talks to the queue database directly).")
 app.add_typer(token_app, name="token")
+app.add_typer(claims_app, name="claims")
 
 # Environment variables the commands read beyond Settings' LAYERLAB_* fields (checked by tests/infra).
 ENV_VARS = (

@@ -120,6 +120,41 @@ class Register(_Strict):
         return v
 
 
+CLAIM_ID_RE = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+
+
+class PaperClaim(_Strict):
+    """A claim of a paper that the sweep tests (service/claims.py judges it after the sweep)."""
+
+    id: str = Field(pattern=CLAIM_ID_RE, description="Unique in the sweep: lower-case letters, digits, _ . -.")
+    text: str = Field(min_length=1, max_length=500, description="The paper's claim, in words.")
+    source: str | None = Field(default=None, max_length=200, description="Where the paper says it (Table 2).")
+    metric: str = Field(min_length=1, description="A metric the task reports, read at each trial's end.")
+    where: dict[str, Any] = Field(
+        default_factory=dict, description="Config values that select the claim's trials; seeds are pooled."
+    )
+    paper: float | None = Field(default=None, description="The paper's value, in the metric's own units.")
+    baseline: str | None = Field(
+        default=None, description="A metric the same trials report that reads nothing (baseline/...)."
+    )
+    versus: dict[str, Any] | None = Field(
+        default=None, description="A comparison: the other condition's config values (paper_versus is its value)."
+    )
+    paper_versus: float | None = Field(default=None, description="The paper's value for the `versus` condition.")
+    tolerance: float = Field(default=0.1, gt=0, le=1, description="`close`: within this share of the paper's value.")
+
+    @model_validator(mode="after")
+    def _comparison_complete(self) -> PaperClaim:
+        if self.versus is not None and (self.paper is None or self.paper_versus is None):
+            raise ValueError("a comparison (versus) needs both paper and paper_versus: the paper's two values")
+        if self.versus is None and self.paper_versus is not None:
+            raise ValueError("paper_versus is the value of a `versus` condition; give versus too, or drop it")
+        for name, value in (("paper", self.paper), ("paper_versus", self.paper_versus)):
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        return self
+
+
 with warnings.catch_warnings():
     # `register` shadows ABCMeta.register on the class only; instances read the field. Keep the YAML key.
     warnings.filterwarnings("ignore", message='Field name "register"')
@@ -145,6 +180,9 @@ with warnings.catch_warnings():
         )
         priority: int = Field(default=50, ge=0, le=100, description="Higher runs first.")
         register: Register | None = None
+        claims: list[PaperClaim] = Field(
+            default_factory=list, max_length=200, description="Paper claims judged after the sweep (claims.json)."
+        )
 
         @model_validator(mode="after")
         def _search_fits_space(self) -> SweepSpec:
@@ -158,6 +196,10 @@ with warnings.catch_warnings():
                     raise ValueError(
                         f"space{key_segment(grids[0])}: optuna cannot search a grid; use choice, or search: grid"
                     )
+            ids = [c.id for c in self.claims]
+            doubled = next((i for i, c in enumerate(ids) if ids.index(c) != i), None)
+            if doubled is not None:
+                raise ValueError(f"claims[{doubled}].id: {ids[doubled]!r} is used twice; give each claim its own id")
             if self.trials_total > MAX_TRIALS:
                 raise ValueError(
                     f"search.num_samples: the sweep would run {self.trials_total} trials "
@@ -226,6 +268,8 @@ def _model_at(loc: tuple[Any, ...]) -> Any:
     """The pydantic model (or None) that holds the key `loc[-1]`, by walking SweepSpec's fields."""
     model: Any = SweepSpec
     for part in loc[:-1]:
+        if type(part) is int:  # an item of a list field (claims[0]): the same model
+            continue
         if model is SweepSpec and part == "space":
             model = dict
             continue
@@ -426,6 +470,8 @@ def parse_spec(source: str | bytes | dict[str, Any], data_roots: str | None = No
         metric = data.get("metric")
         if isinstance(metric, dict) and isinstance(metric.get("name"), str):
             errors += _metric_errors(task_name, metric["name"])
+        if spec is not None:
+            errors += _claim_errors(spec)
     if unusable:
         # One message per unusable value: drop what the task's checks said about the same value.
         errors = [e for e in errors if not any(e.startswith((p + ":", p + "[", p + ".")) for p in unusable)]
@@ -473,6 +519,49 @@ def _metric_errors(task_name: str, metric: str) -> list[str]:
     if metric not in metrics:
         return [f"metric.name: task {task_name} reports {', '.join(metrics)}; got {show(metric)}"]
     return []
+
+
+def _claim_errors(spec: SweepSpec) -> list[str]:
+    """Each claim's metric and baseline must be metrics of the task; its conditions must be able to match a
+    trial: keys the sweep sets (params or space), values that params or a grid/choice can give."""
+    from jobs.registry import UnknownTaskError, get_task
+
+    try:
+        metrics = get_task(spec.task).metrics
+    except UnknownTaskError:
+        return []
+    errors: list[str] = []
+    for i, claim in enumerate(spec.claims):
+        at = f"claims[{i}]"
+        for field in ("metric", "baseline"):
+            name = getattr(claim, field)
+            if name is not None and name not in metrics:
+                errors.append(f"{at}.{field}: task {spec.task} reports {', '.join(metrics)}; got {show(name)}")
+        for field in ("where", "versus"):
+            for key, value in (getattr(claim, field) or {}).items():
+                where = f"{at}.{field}{key_segment(key)}"
+                possible = _possible_values(spec, key)
+                if possible is None:
+                    errors.append(f"{where}: the sweep sets no parameter {show(key)}; name one of params or space")
+                elif possible and not any(_same_value(value, v) for v in possible):
+                    shown = ", ".join(show(v) for v in possible[:20])
+                    errors.append(f"{where}: no trial of this sweep has {show(value)}; its values: {shown}")
+    return errors
+
+
+def _possible_values(spec: SweepSpec, key: str) -> list[Any] | None:
+    """The values a trial's `key` can take: [params value], a grid's or choice's values, [] for a continuous
+    space (any value may match), None when the sweep sets no such parameter."""
+    if key in spec.params:
+        return [spec.params[key]]
+    domain = spec.space.get(key)
+    if domain is None:
+        return None
+    return list(getattr(domain, domain.kind)) if domain.kind in ("grid", "choice") else []
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def spec_to_yaml(spec: SweepSpec) -> str:

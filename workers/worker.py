@@ -377,6 +377,8 @@ class Worker:
         summarize = getattr(task, "summarize", None)
         if summarize is not None:
             tracker.log_files(summarize(table_rows(results)), folder="summary")
+        if spec.claims:
+            tracker.log_files(judge_claims(claim.sweep_id, spec, task, tracker.parent_run_id, results), "summary")
         tracker.end_parent("FINISHED", summary)
         if self._stop is not None:
             self._stop.ending.set()
@@ -470,6 +472,33 @@ def sweep_log(settings: Settings, sweep_id: int) -> Iterator[None]:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
+
+
+def judge_claims(sweep_id: int, spec: SweepSpec, task: Any, parent_run_id: str, results: Any) -> dict[str, bytes]:
+    """summary/claims.json and claims.md: the spec's claims judged on the trials that finished without error,
+    each read at its last result (service/claims.py has the rule)."""
+    from datetime import UTC, datetime
+
+    from service.claims import claims_json, claims_markdown, judge, read_claims
+
+    trials = [
+        {"trial_id": str(r.metrics.get("trial_id")), "config": dict(r.config or {}), "metrics": dict(r.metrics)}
+        for r in results
+        if r.error is None and r.metrics
+    ]
+    sweep = {
+        "id": sweep_id,
+        "name": spec.name,
+        "task": spec.task,
+        "experiment": spec.name,
+        "parent_run_id": parent_run_id,
+        "finished_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "trials_total": len(results),
+        "trials_finished": len(trials),
+    }
+    judged = judge([c.model_dump(mode="json") for c in spec.claims], trials, task.metrics)
+    data = claims_json(sweep, judged)
+    return {"claims.json": data, "claims.md": claims_markdown(read_claims(data))}
 
 
 def table_rows(results: Any) -> list[dict[str, Any]]:

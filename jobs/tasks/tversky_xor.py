@@ -64,7 +64,14 @@ class XorConfig:
             )
 
 
-METRICS = {"loss": "min", "accuracy": "max", "converged": "max"}
+METRICS = {"loss": "min", "accuracy": "max", "converged": "max", "baseline/majority": "max"}
+"""baseline/majority: the accuracy of always answering the commonest class (XOR's four points: 2 of each,
+so 0.5), the score a model that reads nothing gets; a claim's `not learned` is judged against it."""
+
+
+def majority_accuracy(y: torch.Tensor) -> float:
+    """Accuracy of predicting the most frequent label of `y` for every point (ties: the smaller label)."""
+    return float(torch.bincount(y).max().item() / len(y))
 
 
 def build_model(cfg: XorConfig) -> TverskyProjection:
@@ -123,6 +130,7 @@ def train(cfg: XorConfig, session: Session) -> None:
         }
         converged = 1.0 if accuracy == 1.0 and finite and math.isfinite(loss) else 0.0
         metrics = {"loss": loss, "accuracy": accuracy, "converged": converged, "step": step}
+        metrics["baseline/majority"] = majority_accuracy(y)
         session.report(metrics, checkpoint=state)
 
     for step in range(start + 1, cfg.steps + 1):

@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from jobs.registry import get_task
+from service.claims import judge, read_claims
 from service.queue import QueueStore
 from service.settings import Settings
+from service.spec import parse_spec
 from workers.registration import load_best_model
 from workers.trainable import stored_checkpoints
 
@@ -32,6 +34,21 @@ space:
   intersection: {grid: [product, mean, softmin]}
   difference: {grid: [ignorematch, substractmatch]}
 register: {model: e2e-xor, alias: champion}
+claims:
+  - id: product-solves-xor
+    text: "A Tversky layer with the product intersection solves XOR"
+    metric: accuracy
+    where: {intersection: product}
+    paper: 1.0
+    baseline: baseline/majority
+  - id: product-as-good-as-mean
+    text: "product and mean intersections solve XOR alike"
+    metric: accuracy
+    where: {intersection: product}
+    versus: {intersection: mean}
+    paper: 1.0
+    paper_versus: 1.0
+    baseline: baseline/majority
 """
 
 # Runs with only site-packages (no .pth files: the editable install's finder is one) from another
@@ -106,6 +123,26 @@ def test_six_trial_sweep_registers_a_loadable_model(workers: Stack, tmp_path: Pa
     assert {"spec.yaml", "trials.csv", "plots"} <= artifacts, artifacts
     plots = {a.path for a in client.list_artifacts(parents[0].info.run_id, "plots")}
     assert "plots/accuracy_curves.png" in plots
+
+    # --- claims: summary/claims.json holds the rule's verdicts on the child runs' final values
+    summary = {a.path for a in client.list_artifacts(parents[0].info.run_id, "summary")}
+    assert {"summary/claims.json", "summary/claims.md"} <= summary, summary
+    doc = read_claims(
+        Path(client.download_artifacts(parents[0].info.run_id, "summary/claims.json", tmp_path)).read_bytes()
+    )
+    assert doc["sweep"]["parent_run_id"] == parents[0].info.run_id and doc["sweep"]["id"] == s["id"]
+    finals = [
+        {"trial_id": c.data.tags["layerlab.trial_id"], "config": {"intersection": c.data.params["intersection"]},
+         "metrics": {k: c.data.metrics[k] for k in ("accuracy", "baseline/majority")}}
+        for c in children
+    ]  # fmt: skip
+    assert all(f["metrics"]["baseline/majority"] == 0.5 for f in finals)
+    spec_claims = [c.model_dump(mode="json") for c in parse_spec(SIX_TRIALS).claims]
+    expected = judge(spec_claims, finals, get_task("tversky.xor").metrics)
+    assert [(c["id"], c["verdict"], c["ours"]["n"]) for c in doc["claims"]] == [
+        (c["id"], c["verdict"], c["ours"]["n"]) for c in expected
+    ]
+    assert [c["ours"]["n"] for c in doc["claims"]] == [2, 2]
 
     # --- Model Registry: alias, tags, signature
     version = client.get_model_version_by_alias("e2e-xor", "champion")

@@ -17,16 +17,29 @@ from pydantic import TypeAdapter, ValidationError
 from jobs.config import field_docs
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
-from jobs.tasks.tversky_xor import TASK, XorConfig, build_model, example_input, train, xor_data
+from jobs.tasks.tversky_xor import (
+    TASK,
+    XorConfig,
+    build_model,
+    example_input,
+    majority_accuracy,
+    train,
+    xor_data,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def test_registered() -> None:
     assert get_task("tversky.xor") is TASK
-    assert dict(TASK.metrics) == {"loss": "min", "accuracy": "max", "converged": "max"}
+    assert dict(TASK.metrics) == {"loss": "min", "accuracy": "max", "converged": "max", "baseline/majority": "max"}
     assert example_input(XorConfig()).dtype == torch.float32 and example_input(XorConfig()).shape == (4, 2)
     assert type(build_model(XorConfig())).__module__ == "jobs.layers.tversky"  # loads with only `jobs` importable
+
+
+def test_the_majority_baseline_reads_only_the_labels() -> None:
+    assert majority_accuracy(xor_data()[1]) == 0.5  # two points of each class
+    assert majority_accuracy(torch.tensor([1, 1, 1, 0])) == 0.75
 
 
 def test_every_field_has_a_default_and_a_docstring() -> None:

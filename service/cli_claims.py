@@ -1,0 +1,134 @@
+"""`layerlab claims`: a sweep's judged claims, from its parent run into a document's tables.
+
+    layerlab claims pull RUN_ID [--into docs/claims]      summary/claims.json of a parent run -> <sweep>.json
+    layerlab claims doc docs/fidelity.md [--check]         fill the doc's claims blocks from those files
+
+A block in the document is `<!-- claims:NAME -->` ... `<!-- /claims:NAME -->`, NAME the sweep's name; its
+file is `<claims dir>/NAME.json` (default: `claims/` beside the document). `--pull RUN_ID` (repeatable) reads
+parent runs of the tracking server first, and keeps their files in the claims folder, so the doc's tables are
+always the output of this command over files exported from runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from service.claims import read_claims, render_doc
+from service.settings import get_settings
+
+claims_app = typer.Typer(help="Paper claims judged by sweeps: export them from runs, write a document's tables.")
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+CLAIMS_FILE = "summary/claims.json"
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    return typer.Exit(code)
+
+
+def fetch_claims(run_id: str, tracking_uri: str) -> dict[str, Any]:
+    """The checked claims file of a parent run (MLflow's public artifact download)."""
+    import mlflow
+
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            path = mlflow.artifacts.download_artifacts(
+                run_id=run_id, artifact_path=CLAIMS_FILE, dst_path=d, tracking_uri=tracking_uri
+            )
+        except Exception as exc:
+            raise ValueError(
+                f"run {run_id} at {tracking_uri} has no {CLAIMS_FILE} ({type(exc).__name__}); it must be the parent "
+                "run of a sweep whose YAML lists claims, finished by a worker of this version"
+            ) from None
+        return read_claims(Path(path).read_bytes(), source=f"run {run_id}: {CLAIMS_FILE}")
+
+
+def save_claims(doc: dict[str, Any], folder: Path) -> Path:
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{doc['sweep']['name']}.json"
+    path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def load_folder(folder: Path) -> dict[str, dict[str, Any]]:
+    """Every claims file of `folder`, by sweep name (the file's name must be the sweep's)."""
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(folder.glob("*.json")):
+        doc = read_claims(path.read_bytes(), source=str(path))
+        name = doc["sweep"].get("name")
+        if name != path.stem:
+            raise ValueError(f"{path}: holds the claims of sweep {name!r}; name the file {name}.json")
+        files[name] = doc
+    return files
+
+
+@claims_app.command("pull")
+def pull(
+    run_ids: Annotated[list[str], typer.Argument(help="Parent run ids of finished sweeps.")],
+    into: Annotated[Path, typer.Option(help="Folder of the claims files.")] = Path("docs/claims"),
+    tracking_uri: Annotated[
+        str | None, typer.Option(help="MLflow tracking URI; LAYERLAB_TRACKING_URI's when unset.")
+    ] = None,
+) -> None:
+    """Save each parent run's summary/claims.json as FOLDER/<sweep name>.json."""
+    uri = tracking_uri or get_settings().tracking_uri
+    for run_id in run_ids:
+        try:
+            path = save_claims(fetch_claims(run_id, uri), into)
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+        out.print(f"run {run_id}: {path}", highlight=False)
+
+
+@claims_app.command("doc")
+def doc(
+    document: Annotated[Path, typer.Argument(help="A Markdown file with <!-- claims:NAME --> blocks.")],
+    claims_dir: Annotated[
+        Path | None, typer.Option(help="Folder of the claims files; `claims/` beside the document when unset.")
+    ] = None,
+    pull_runs: Annotated[
+        list[str] | None, typer.Option("--pull", help="Pull this parent run's claims first (repeatable).")
+    ] = None,
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI, for --pull.")] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Change nothing; exit 1 with a diff when the tables are stale.")
+    ] = False,
+) -> None:
+    """Write the claims tables of DOCUMENT from the claims files (every table is this command's output)."""
+    folder = claims_dir or document.parent / "claims"
+    try:
+        if pull_runs:
+            uri = tracking_uri or get_settings().tracking_uri
+            for run_id in pull_runs:
+                save_claims(fetch_claims(run_id, uri), folder)
+        text = document.read_text()
+        new, missing = render_doc(text, load_folder(folder) if folder.is_dir() else {})
+    except (OSError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    if missing:
+        raise _fail(
+            f"{document}: no claims file for block(s) {', '.join(missing)} in {folder}; "
+            "export them with `layerlab claims pull RUN_ID`"
+        )
+    if check:
+        if new != text:
+            sys.stdout.writelines(
+                difflib.unified_diff(text.splitlines(True), new.splitlines(True), str(document), "regenerated")
+            )
+            raise _fail(f"{document}: its claims tables differ from {folder}; run `layerlab claims doc {document}`")
+        out.print(f"{document}: claims tables match {folder}", highlight=False)
+        return
+    if new != text:
+        document.write_text(new)
+    out.print(f"{document}: claims tables written from {folder}", highlight=False)

@@ -1,0 +1,259 @@
+"""service/claims.py: the verdict rule against hand-worked cases and a naive interval, the claims file and
+the doc tables, the spec's claim checks, and `layerlab claims doc --check`."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.claims import (
+    VERDICTS,
+    claims_json,
+    claims_markdown,
+    estimate,
+    judge,
+    read_claims,
+    render_doc,
+    verdict_comparison,
+    verdict_value,
+    welch,
+)
+from service.errors import SpecError
+from service.spec import parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYERLAB = Path(sys.executable).parent / "layerlab"
+T975 = {1: 12.706204736, 2: 4.302652730, 4: 2.776445105}  # Student t at 0.975 (printed tables)
+
+
+def trial(i: int, value: float, baseline: float = 0.5, **config: Any) -> dict[str, Any]:
+    return {"trial_id": f"t{i}", "config": config, "metrics": {"accuracy": value, "baseline/majority": baseline}}
+
+
+# --- the interval -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [[0.8, 0.9], [0.1, 0.2, 0.6], [1.0, 2.0, 3.0, 4.0, 10.0]])
+def test_the_interval_is_the_textbook_t_interval(values: list[float]) -> None:
+    e = estimate(values)
+    n = len(values)
+    half = T975[n - 1] * statistics.stdev(values) / math.sqrt(n)
+    assert e.n == n and e.mean == pytest.approx(statistics.fmean(values))
+    assert e.half == pytest.approx(half, rel=1e-8)
+
+
+def test_non_finite_values_are_left_out_and_one_value_has_no_interval() -> None:
+    e = estimate([0.5, math.nan, math.inf], ["a", "b", "c"])
+    assert (e.n, e.mean, e.trials) == (1, 0.5, ("a",)) and math.isnan(e.half)
+    assert estimate([]).n == 0
+
+
+def test_welch_matches_the_formula() -> None:
+    a, b = estimate([1.0, 2.0, 3.0]), estimate([0.0, 0.5, 0.7, 0.2])
+    d, half = welch(a, b)
+    va, vb = a.std**2 / 3, b.std**2 / 4
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
+    from scipy.stats import t
+
+    assert d == pytest.approx(a.mean - b.mean)
+    assert half == pytest.approx(t.ppf(0.975, df) * math.sqrt(va + vb))
+
+
+# --- value claims -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "baseline", "mode", "paper", "verdict"),
+    [
+        ([], 0.5, "max", 0.9, "not measured"),
+        ([0.95], 0.5, "max", 0.9, "one seed"),
+        ([0.52, 0.55, 0.50], 0.5, "max", 0.9, "not learned"),  # 0.523 ± 0.062: not above 0.5
+        ([0.40, 0.41, 0.39], 0.5, "max", 0.9, "not learned"),  # below a policy that reads nothing
+        ([0.88, 0.90, 0.92], 0.5, "max", 0.9, "reproduced"),  # the paper inside [0.85, 0.95]
+        ([0.80, 0.81, 0.82], 0.5, "max", 0.9, "close"),  # 0.09 away, within 10% of 0.9
+        ([0.60, 0.61, 0.62], 0.5, "max", 0.9, "differs"),
+        ([0.60, 0.61, 0.62], 0.5, "max", None, "measured"),
+        ([100.0, 104.0, 102.0], 400.0, "min", 103.99, "reproduced"),  # perplexity: lower is better
+        ([390.0, 395.0, 400.0], 400.0, "min", 103.99, "not learned"),  # not below the unigram model's
+    ],
+)
+def test_value_verdicts(values: list[float], baseline: float, mode: str, paper: float | None, verdict: str) -> None:
+    got, why = verdict_value(estimate(values), baseline, mode, paper, tolerance=0.1)
+    assert got == verdict, why
+    assert why
+
+
+def test_a_missing_baseline_does_not_make_a_model_not_learned() -> None:
+    assert verdict_value(estimate([0.88, 0.9, 0.92]), math.nan, "max", 0.9, 0.1)[0] == "reproduced"
+
+
+# --- comparison claims --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "paper_diff", "verdict"),
+    [
+        ([0.90, 0.91, 0.92], [0.80, 0.81, 0.82], 0.05, "reproduced"),  # the paper's sign, interval clear of 0
+        ([0.80, 0.81, 0.82], [0.90, 0.91, 0.92], 0.05, "opposite"),
+        ([0.80, 0.90, 0.85], [0.84, 0.86, 0.82], 0.02, "close"),  # holds 0 and the paper's difference
+        ([0.80, 0.82, 0.81], [0.80, 0.82, 0.81], 0.5, "differs"),  # no difference, the paper's far out
+        ([0.90, 0.91, 0.92], [0.45, 0.5, 0.48], 0.05, "not learned"),  # the other arm is below the baseline
+        ([0.90], [0.80, 0.81], 0.05, "one seed"),
+    ],
+)
+def test_comparison_verdicts(a: list[float], b: list[float], paper_diff: float, verdict: str) -> None:
+    got, why, d, _ = verdict_comparison(estimate(a), estimate(b), 0.5, 0.5, "max", paper_diff)
+    assert got == verdict, why
+    assert d == pytest.approx(statistics.fmean(a) - statistics.fmean(b))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(0, 1), min_size=0, max_size=6),
+    st.floats(0, 1),
+    st.one_of(st.none(), st.floats(0.01, 1)),
+    st.sampled_from(["min", "max"]),
+)
+def test_every_value_claim_gets_a_verdict_and_below_baseline_is_never_reproduced(
+    values: list[float], baseline: float, paper: float | None, mode: str
+) -> None:
+    e = estimate(values)
+    verdict, _ = verdict_value(e, baseline, mode, paper, 0.1)
+    assert verdict in VERDICTS
+    worse = e.n >= 2 and (e.mean <= baseline if mode == "max" else e.mean >= baseline)
+    if worse:
+        assert verdict == "not learned"
+
+
+# --- judging a sweep, the files and the doc -----------------------------------------------------
+
+CLAIMS = [
+    {"id": "mean-solves", "text": "mean solves XOR", "metric": "accuracy", "where": {"psi": "mean"}, "paper": 1.0,
+     "baseline": "baseline/majority"},
+    {"id": "mean-vs-min", "text": "mean beats min", "metric": "accuracy", "where": {"psi": "mean"},
+     "versus": {"psi": "min"}, "paper": 1.0, "paper_versus": 0.6, "baseline": "baseline/majority"},
+]  # fmt: skip
+TRIALS = [trial(0, 1.0, psi="mean"), trial(1, 1.0, psi="mean"), trial(2, 0.5, psi="min"), trial(3, 0.75, psi="min")]
+
+
+def test_judge_selects_the_condition_and_pools_its_seeds() -> None:
+    rows = judge(CLAIMS, TRIALS, {"accuracy": "max", "baseline/majority": "max"})
+    assert rows[0]["ours"]["trials"] == ["t0", "t1"] and rows[0]["verdict"] == "reproduced"
+    assert rows[0]["baseline"] == {"metric": "baseline/majority", "value": 0.5}
+    assert rows[1]["ours_versus"]["values"] == [0.5, 0.75] and rows[1]["verdict"] == "not learned"
+
+
+def test_claims_file_round_trip_and_table() -> None:
+    rows = judge(CLAIMS, TRIALS, {"accuracy": "max", "baseline/majority": "max"})
+    sweep = {"id": 7, "name": "xor-claims", "task": "tversky.xor", "parent_run_id": "abc", "finished_at": "now"}
+    doc = read_claims(claims_json(sweep, rows))
+    md = claims_markdown(doc).decode()
+    assert "| mean solves XOR | psi=mean | accuracy (higher is better) | 1 | 1 ± 0 (n = 2) |" in md
+    assert "**not learned**" in md and "parent run `abc`" in md and "The rule:" in md
+
+
+def test_read_claims_refuses_what_it_cannot_read() -> None:
+    with pytest.raises(ValueError, match="not JSON"):
+        read_claims(b"{", "x.json")
+    with pytest.raises(ValueError, match="format 2"):
+        read_claims(json.dumps({"format": 2}), "x.json")
+    with pytest.raises(ValueError, match="lacks 'claims'"):
+        read_claims(json.dumps({"format": 1, "sweep": {}}), "x.json")
+
+
+def test_render_doc_fills_only_its_blocks_and_names_missing_files() -> None:
+    rows = judge(CLAIMS[:1], TRIALS, {"accuracy": "max", "baseline/majority": "max"})
+    doc = read_claims(claims_json({"name": "a"}, rows))
+    text = "intro\n<!-- claims:a -->\nold\n<!-- /claims:a -->\nmiddle\n<!-- claims:b -->\n<!-- /claims:b -->\n"
+    new, missing = render_doc(text, {"a": doc})
+    assert missing == ["b"] and new.startswith("intro\n<!-- claims:a -->\n| claim |")
+    assert "old" not in new and new.endswith("middle\n<!-- claims:b -->\n<!-- /claims:b -->\n")
+    assert render_doc(new, {"a": doc})[0] == new  # idempotent
+
+
+def test_cli_doc_writes_then_checks(tmp_path: Path) -> None:
+    rows = judge(CLAIMS, TRIALS, {"accuracy": "max", "baseline/majority": "max"})
+    (tmp_path / "claims").mkdir()
+    (tmp_path / "claims" / "xor-claims.json").write_bytes(claims_json({"name": "xor-claims"}, rows))
+    document = tmp_path / "fidelity.md"
+    document.write_text("# F\n<!-- claims:xor-claims -->\n<!-- /claims:xor-claims -->\n")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(LAYERLAB), "claims", "doc", str(document), *args], capture_output=True, text=True)
+
+    stale = run("--check")
+    assert stale.returncode == 1 and "differ" in stale.stderr and "+| mean solves XOR" in stale.stdout
+    assert run().returncode == 0 and "**reproduced**" in document.read_text()
+    assert run("--check").returncode == 0
+    (tmp_path / "claims" / "xor-claims.json").rename(tmp_path / "claims" / "other.json")
+    wrong = run("--check")
+    assert wrong.returncode == 1 and "name the file xor-claims.json" in wrong.stderr
+
+
+def test_the_repository_doc_is_the_output_of_its_claims_files() -> None:
+    """docs/fidelity.md's claims tables are exactly what `layerlab claims doc` makes from docs/claims/."""
+    out = subprocess.run(
+        [str(LAYERLAB), "claims", "doc", str(ROOT / "docs" / "fidelity.md"), "--check"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- the spec -----------------------------------------------------------------------------------
+
+SPEC = """
+name: xor-claims
+task: tversky.xor
+metric: {name: accuracy}
+params: {steps: 10, report_every: 5}
+space: {intersection: {grid: [product, mean]}, seed: {grid: [0, 1]}}
+claims:
+"""
+
+
+def errors_of(claims: str) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(SPEC + claims)
+    return info.value.errors
+
+
+def test_a_valid_claim_parses() -> None:
+    spec = parse_spec(
+        SPEC + "  - {id: a, text: t, metric: accuracy, where: {intersection: mean}, paper: 1.0, "
+        "baseline: baseline/majority}\n"
+    )
+    assert spec.claims[0].where == {"intersection": "mean"} and spec.claims[0].tolerance == 0.1
+
+
+@pytest.mark.parametrize(
+    ("claim", "message"),
+    [
+        ("{id: a, text: t, metric: loss2}", "claims[0].metric: task tversky.xor reports loss, accuracy"),
+        ("{id: a, text: t, metric: accuracy, baseline: nope}", "claims[0].baseline: task tversky.xor reports"),
+        ("{id: a, text: t, metric: accuracy, where: {width: 3}}", "claims[0].where.width: the sweep sets no parameter"),
+        (
+            "{id: a, text: t, metric: accuracy, where: {intersection: min}}",
+            "claims[0].where.intersection: no trial of this sweep has 'min'; its values: 'product', 'mean'",
+        ),
+        ("{id: a, text: t, metric: accuracy, versus: {seed: 0}, paper: 1}", "needs both paper and paper_versus"),
+        ("{id: a, text: t, metric: accuracy, paper_versus: 1}", "give versus too"),
+        ("{id: A B, text: t, metric: accuracy}", "claims[0].id"),
+        ("{id: a, text: t, metric: accuracy, colour: red}", "claims[0].colour: unknown key; allowed keys: baseline"),
+    ],
+)
+def test_bad_claims_are_refused_with_their_path(claim: str, message: str) -> None:
+    errors = errors_of(f"  - {claim}\n")
+    assert any(message in e for e in errors), errors
+
+
+def test_claim_ids_are_unique() -> None:
+    errors = errors_of("  - {id: a, text: t, metric: accuracy}\n  - {id: a, text: u, metric: loss}\n")
+    assert any("claims[1].id: 'a' is used twice" in e for e in errors), errors
