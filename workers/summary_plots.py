@@ -88,6 +88,23 @@ class TrialResult:
     """step -> value: the task's own steps, or its reports (draw_summary)."""
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """A trivial baseline of the sweep's metric (a policy or model that reads nothing), drawn dashed."""
+
+    name: str
+    value: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} = {self.value:.4g}"
+
+
+def _baseline_line(ax: Any, baseline: Baseline | None) -> None:
+    if baseline is not None:
+        ax.axhline(baseline.value, color="dimgrey", ls="--", lw=1.2, label=baseline.label, zorder=1)
+
+
 @dataclass
 class _Group:
     label: str
@@ -214,9 +231,15 @@ def best_index(trials: Sequence[TrialResult], mode: str) -> int | None:
 
 
 def by_param_figure(
-    trials: Sequence[TrialResult], params: Sequence[Searched], metric: str, mode: str, title: str
+    trials: Sequence[TrialResult],
+    params: Sequence[Searched],
+    metric: str,
+    mode: str,
+    title: str,
+    baseline: Baseline | None = None,
 ) -> Figure:
-    """A panel per searched parameter: points per trial, mean ± std per value, the best trial starred."""
+    """A panel per searched parameter: points per trial, mean ± std per value, the best trial starred, and
+    the trivial baseline as a dashed line when the sweep names one."""
     n = max(1, len(params))
     ncols = min(3, n)
     nrows = math.ceil(n / ncols)
@@ -259,6 +282,8 @@ def by_param_figure(
                            edgecolors="black", linewidths=0.5, label="best trial", zorder=4)  # fmt: skip
         _x_axis(ax, p, gs)
         ax.set_title(f"{p.name} ({p.kind}, {_spread_text(gs)})", fontsize="medium", y=TITLE_Y)
+    for ax in axes:
+        _baseline_line(ax, baseline)
     for ax in axes[::ncols]:
         ax.set_ylabel(f"final {metric}")
     # Above the panels, not in one: inside, it hid that panel's points wherever it went.
@@ -397,7 +422,12 @@ def heatmap_figure(
 
 
 def curves_figure(
-    trials: Sequence[TrialResult], colour_by: Searched | None, metric: str, title: str, step_label: str = REPORT_AXIS
+    trials: Sequence[TrialResult],
+    colour_by: Searched | None,
+    metric: str,
+    title: str,
+    step_label: str = REPORT_AXIS,
+    baseline: Baseline | None = None,
 ) -> Figure:
     """One line per trial (a dot where it reported once), coloured by `colour_by`'s values, with a legend."""
     fig = Figure(figsize=(9.5, 5))
@@ -422,15 +452,18 @@ def curves_figure(
     dots = [(p[0], c) for p, c in zip(points, colour, strict=True) if len(p) == 1]
     if dots:
         ax.scatter([d[0][0] for d in dots], [d[0][1] for d in dots], s=12, alpha=0.7, c=[c for _, c in dots])
+    _baseline_line(ax, baseline)
+    if baseline is not None:
+        handles.append(Line2D([], [], color="dimgrey", ls="--", lw=1.2, label=baseline.label))
     ax.autoscale_view()
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and reports are whole numbers
     ax.set(xlabel=step_label, ylabel=metric)
     ax.set_title(title, y=TITLE_Y)
-    if handles and colour_by is not None:
+    if handles:
         ncols = math.ceil(len(handles) / 16)
-        ax.legend(handles=handles, title=colour_by.name, fontsize="small", loc="upper left",
+        ax.legend(handles=handles, title=colour_by.name if colour_by else None, fontsize="small", loc="upper left",
                   bbox_to_anchor=(1.01, 1.0), ncols=ncols)  # fmt: skip
-        longest = max(len(colour_by.name), *(len(str(h.get_label())) for h in handles))
+        longest = max(len(colour_by.name if colour_by else ""), *(len(str(h.get_label())) for h in handles))
         legend_width = ncols * (0.7 + 0.07 * longest)
     _place(fig, 1, 1, left=0.8, right=0.25 + legend_width, top=0.45, bottom=0.6, wspace=0, hspace=0)
     return fig
@@ -452,11 +485,13 @@ def summary_figures(
     mode: str,
     name: str,
     step_label: str = REPORT_AXIS,
+    baseline: Baseline | None = None,
 ) -> dict[str, Figure]:
     """File suffix (final, heatmap, curves) -> picture; see the module docstring for what each shows."""
     out = {}
     if trials:
-        out["final"] = by_param_figure(trials, params, metric, mode, f"{name}: final {metric} by searched parameter")
+        title = f"{name}: final {metric} by searched parameter"
+        out["final"] = by_param_figure(trials, params, metric, mode, title, baseline)
     grid = [p for p in params if p.kind == "grid" and not p.replicate and len(groups(trials, p)) > 1]
     if len(grid) >= 2 and trials:
         pair = most_influential(trials, grid, among=2)
@@ -467,7 +502,7 @@ def summary_figures(
     top = most_influential(trials, params)
     colour_by = top[0] if top else None
     by = f", coloured by {colour_by.name}" if colour_by else ""
-    out["curves"] = curves_figure(trials, colour_by, metric, f"{name}: {metric} per trial{by}", step_label)
+    out["curves"] = curves_figure(trials, colour_by, metric, f"{name}: {metric} per trial{by}", step_label, baseline)
     return out
 
 
@@ -507,8 +542,25 @@ def sweep_figures(
         results.append(TrialResult(t.config or {}, final, by_trial.get(id(t), {})))
     label = task_step_label(spec.task) if on_steps is not None else REPORT_AXIS
     return summary_figures(
-        results, searched_params(spec.space), metric, spec.metric.mode or "max", spec.name, step_label=label
+        results,
+        searched_params(spec.space),
+        metric,
+        spec.metric.mode or "max",
+        spec.name,
+        step_label=label,
+        baseline=sweep_baseline(trials, spec),
     )
+
+
+def sweep_baseline(trials: Sequence[Any], spec: SweepSpec) -> Baseline | None:
+    """The trivial baseline of the sweep's metric: the `baseline` of the first claim about that metric,
+    averaged over the trials that report it (it reads only data, so it barely moves between trials)."""
+    name = next((c.baseline for c in spec.claims if c.metric == spec.metric.name and c.baseline), None)
+    if name is None:
+        return None
+    values = [float(v) for t in trials if isinstance(v := (t.metrics or {}).get(name), int | float)]
+    values = [v for v in values if math.isfinite(v)]
+    return Baseline(name, sum(values) / len(values)) if values else None
 
 
 def draw_summary(

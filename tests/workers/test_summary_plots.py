@@ -262,3 +262,32 @@ def test_the_curves_are_drawn_over_the_tasks_own_steps() -> None:
     steps["t1"] = {1: 250}
     on_reports = sweep_figures(trials, lambda t: curves[t.trial_id], spec, lambda t: steps[t.trial_id])
     assert drawn(on_reports) == (REPORT_AXIS, [[[1, 0.25], [2, 0.5], [3, 0.75]], [[1, 0.5], [2, 1.0]]])
+
+
+def test_the_trivial_baseline_of_the_sweeps_metric_is_a_dashed_line_on_its_pictures() -> None:
+    """A claim about the sweep's metric that names a baseline: its mean over the trials is drawn dashed on the
+    final-value panels and the curves; a sweep without such a claim draws none."""
+    base = {"name": "s", "task": "tversky.xor", "metric": {"name": "accuracy", "mode": "max"},
+            "space": {"lr": {"grid": [0.1, 0.2]}}}  # fmt: skip
+    claim = {"id": "c", "text": "t", "metric": "accuracy", "baseline": "baseline/majority"}
+    trials = [
+        SimpleNamespace(
+            trial_id=f"t{i}", config={"lr": lr}, metrics={"accuracy": 0.9, "baseline/majority": b}, mlflow_run_id="r"
+        )
+        for i, (lr, b) in enumerate([(0.1, 0.5), (0.2, 0.7)])
+    ]
+
+    def dashed(figures: dict[str, Figure]) -> dict[str, list[tuple[float, str]]]:
+        return {
+            k: [(line.get_ydata()[0], line.get_label()) for ax in f.axes for line in ax.lines if line.get_ls() == "--"]
+            for k, f in figures.items()
+        }
+
+    with_claim = SweepSpec.model_validate({**base, "claims": [claim]})
+    got = dashed(sweep_figures(trials, lambda t: {1: 0.9}, with_claim))
+    assert got == {
+        "final": [(0.6, "baseline/majority = 0.6")],
+        "curves": [(0.6, "baseline/majority = 0.6")],
+    }
+    plain = dashed(sweep_figures(trials, lambda t: {1: 0.9}, SweepSpec.model_validate(base)))
+    assert plain == {"final": [], "curves": []}
