@@ -6,7 +6,8 @@ matrices only) -> for each step: the step's fixed batch, the warmup + cosine lea
 forward on GPUs, backward, gradient clipping, the optimiser step; every `eval_every` steps (and at the last)
 the validation loss on fixed windows, a report and a checkpoint. The task turns the loop's metrics into its own
 (`on_report`: perplexity or bits per character, parameter counts, its table rows) and names what its
-checkpoints carry beside the model (`extra_state`: a vocabulary, an alphabet, a tokenizer).
+checkpoints carry beside the model (`extra_state`: a vocabulary, an alphabet, a tokenizer). `validation_windows`
+are the tokens val/loss is measured on, so a task scores its n-gram baselines (jobs/baselines.py) on the same.
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ def check_world(cfg: LmLoopConfig, session: Session) -> None:
         raise ValueError(f"batch_size: must be a multiple of the {session.world_size} workers, got {cfg.batch_size}")
 
 
+def validation_windows(cfg: LmLoopConfig, valid: torch.Tensor) -> torch.Tensor:
+    """The fixed [W, T + 1] windows of the valid split that val/loss is measured on (all ranks together): the
+    tokens a task's baselines (jobs/baselines.py: n-gram models of the train split) are scored on too."""
+    return eval_windows(valid, cfg.block_size, cfg.eval_batches * cfg.batch_size)
+
+
 def train_lm(
     cfg: LmLoopConfig,
     session: Session,
@@ -113,7 +120,7 @@ def train_lm(
     autocast = (
         torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     )
-    val = eval_windows(valid, cfg.block_size, cfg.eval_batches * cfg.batch_size)[rank::world]  # [W/ws, T+1]
+    val = validation_windows(cfg, valid)[rank::world]  # [W/ws, T+1]
 
     def evaluate() -> float:
         """Mean next-token cross-entropy (nats) over the fixed validation windows (all ranks together)."""

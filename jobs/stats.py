@@ -1,12 +1,14 @@
-"""Small statistics for sweep summaries: confidence intervals of rates.
+"""Small statistics for sweep summaries: confidence intervals of rates and of means over seeds, and whether a
+model beats its trivial baseline (jobs/baselines.py) by more than its interval.
 
-Only the stdlib: summaries run in the worker, after the trials, on counts.
+The stdlib, and scipy for the t quantile: summaries run in the worker, after the trials, on counts.
 """
 
 from __future__ import annotations
 
 import math
-from statistics import NormalDist
+from collections.abc import Sequence
+from statistics import NormalDist, fmean, stdev
 
 
 def wilson_interval(successes: int, runs: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -31,3 +33,44 @@ def wilson_interval(successes: int, runs: int, confidence: float = 0.95) -> tupl
     low = 0.0 if successes == 0 else max(0.0, centre - half)
     high = 1.0 if successes == runs else min(1.0, centre + half)
     return low, high
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, int]:
+    """(mean, half-width, n) of the Student-t interval mean ± t_{(1+c)/2, n-1}·s/√n over the finite `values`
+    (seeds); the half-width is NaN below 2 values and the mean NaN with none. The t quantile is scipy's,
+    imported here only: the worker that runs summaries has it (service/claims.py uses the same rule)."""
+    xs = [float(v) for v in values if math.isfinite(float(v))]
+    n = len(xs)
+    if n == 0:
+        return math.nan, math.nan, 0
+    mean = fmean(xs)
+    if n < 2:
+        return mean, math.nan, n
+    from scipy.stats import t
+
+    return mean, float(t.ppf(0.5 + confidence / 2, n - 1)) * stdev(xs) / math.sqrt(n), n
+
+
+def beats_baseline(values: Sequence[float], baseline: float, mode: str) -> bool:
+    """Does the model beat the trivial baseline by more than its 95% interval over seeds? mode "max": higher is
+    better (mean - half > baseline), "min": lower is better (mean + half < baseline). With one value there is
+    no interval: it must beat the baseline at all. No baseline (NaN) counts as beaten: nothing to compare."""
+    if mode not in ("min", "max"):
+        raise ValueError(f"beats_baseline: mode must be 'min' or 'max', got {mode!r}")
+    mean, half, n = t_interval(values)
+    if not math.isfinite(baseline):
+        return True
+    if n == 0:
+        return False
+    margin = half if n >= 2 else 0.0
+    return mean - margin > baseline if mode == "max" else mean + margin < baseline
+
+
+def versus_baseline(values: Sequence[float], baseline: float, mode: str) -> str:
+    """A summary row's label beside its baseline: "not learned" when it does not beat the baseline by more than
+    its interval (beats_baseline), "" when it does; ", n = 1" is added where one seed gives no interval."""
+    n = sum(1 for v in values if math.isfinite(float(v)))
+    label = "" if beats_baseline(values, baseline, mode) else "not learned"
+    if n == 1:
+        label = f"{label}, n = 1" if label else "n = 1"
+    return label

@@ -26,6 +26,13 @@ Definitions (the table rows and the summary use exactly these):
 - ffn/active_fraction: the fraction of the d_ff slots with a positive pre-activation x·k_i + b_i on a stored
   key, averaged over the keys and the memories, at every report (per load in the table): the relu FFN's
   activation sparsity, to hold against the seed's "< 5% of units active" (KeyValueMemory.active_fraction).
+- Baselines (`constant_baseline`): a memory that reads nothing of the key answers one constant for every key.
+  The best constant for the stored values themselves: the most frequent stored value (exact recall) and, for
+  sign values, each bit's majority sign (bit accuracy), per load and pool, as recall is. baseline/recall is its
+  grid mean (as `recall`), baseline/capacity and baseline/bits_per_param follow from its curve as N* does (0
+  unless one constant answers >= threshold of a load's pairs: in practice a load of 1); baseline/chance_recall is
+  the exact recall of a uniform guess, 2^-d (sign) or 1/C (classes), below which the constant never falls.
+  The summary labels a trial "not learned" when its bits_per_param does not beat the baseline's (one trial: n = 1).
 
 Run alone: `python -m jobs run memory.capacity --set activation=gelu --set d=64`.
 """
@@ -46,6 +53,7 @@ from jobs.config import check_fields
 from jobs.layers.memory import ACTIVATIONS, Activation, KeyValueMemory
 from jobs.registry import Task
 from jobs.runtime import Session
+from jobs.stats import versus_baseline
 from jobs.tables import TableRows, check_rows, csv_bytes, group_rows, png_bytes
 
 Values = Literal["sign", "classes"]
@@ -117,7 +125,17 @@ class CapacityConfig:
         return len(self.load_ratios) * self.seeds
 
 
-METRICS = {"bits_per_param": "max", "capacity": "max", "recall": "max", "loss": "min"}
+METRICS = {
+    "bits_per_param": "max",
+    "capacity": "max",
+    "recall": "max",
+    "loss": "min",
+    # a memory that reads nothing of the key (constant_baseline)
+    "baseline/bits_per_param": "max",
+    "baseline/capacity": "max",
+    "baseline/recall": "max",
+    "baseline/chance_recall": "max",
+}
 
 
 def activation_label(activation: str, power: int, beta: float) -> str:
@@ -146,6 +164,37 @@ def make_pools(cfg: CapacityConfig) -> tuple[torch.Tensor, torch.Tensor]:
         else:
             values.append(torch.randint(0, cfg.classes, (n_max,), generator=g))
     return torch.stack(keys), torch.stack(values)
+
+
+def constant_baseline(cfg: CapacityConfig, values: torch.Tensor, params: int) -> dict[str, Any]:
+    """What the best key-blind memory scores on the pools' values [S, N_max(, d)] (module docstring): per load,
+    means over the pools of the exact recall of the most frequent stored value and the bit accuracy of each bit's
+    majority sign (classes: the recall again); then the grid mean, N* and, over the model's `params` per memory
+    (the metric's denominator), bits per parameter, as for the model."""
+    recall, bit_accuracy = [], []
+    for n in cfg.loads:
+        per_pool = []
+        for v in values[:, :n]:  # one pool's first n values: [n, d] ±1 or [n] class ids
+            if cfg.values == "sign":
+                _, counts = torch.unique(v, dim=0, return_counts=True)  # how often each distinct value vector occurs
+                positive = (v > 0).float().mean(dim=0)  # [d]: the share of +1 per bit
+                per_pool.append((counts.max().item() / n, torch.maximum(positive, 1 - positive).mean().item()))
+            else:
+                share = torch.bincount(v, minlength=cfg.classes).max().item() / n
+                per_pool.append((share, share))
+        recall.append(sum(r for r, _ in per_pool) / len(per_pool))
+        bit_accuracy.append(sum(b for _, b in per_pool) / len(per_pool))
+    n_star = capacity_from_curve(cfg.loads, recall, cfg.threshold)
+    return {
+        "recall": recall,
+        "bit_accuracy": bit_accuracy,
+        "metrics": {
+            "baseline/bits_per_param": n_star * cfg.bits_per_value / params,
+            "baseline/capacity": n_star,
+            "baseline/recall": sum(recall) / len(recall),
+            "baseline/chance_recall": 2.0**-cfg.d if cfg.values == "sign" else 1 / cfg.classes,
+        },
+    }
 
 
 def capacity_from_curve(loads: list[int], recalls: list[float], threshold: float) -> int:
@@ -214,6 +263,7 @@ def train(cfg: CapacityConfig, session: Session) -> None:
     loads = torch.tensor(cfg.loads).repeat_interleave(cfg.seeds)  # [M]
     mask = (torch.arange(cfg.loads[-1])[None, :] < loads[:, None]).float().to(session.device)  # [M, N_max]
     params = raw_model.num_trainable()
+    baseline = constant_baseline(cfg, values, params)  # from the data alone, once
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)  # elementwise: one Adam per memory
     start = 0
     if session.checkpoint is not None:  # resume: full-batch training is deterministic from here
@@ -238,10 +288,12 @@ def train(cfg: CapacityConfig, session: Session) -> None:
             "info_bits_per_param": max(ev["info_bits"]) / params,
             "ffn/active_fraction": active.mean().item(),
             "step": step,
+            **baseline["metrics"],
         }
         if step == cfg.steps:  # the curve: summarize() aggregates these rows across trials
-            metrics["table"] = TableRows(_rows(cfg, ev, loss, metrics, params))
-            session.log_artifact("capacity_curve.png", curve_png(cfg, ev["recall"], ev["bit_accuracy"], metrics))
+            metrics["table"] = TableRows(_rows(cfg, ev, loss, metrics, params, baseline))
+            png = curve_png(cfg, ev["recall"], ev["bit_accuracy"], metrics, baseline["recall"])
+            session.log_artifact("capacity_curve.png", png)
         state = {
             "model": {k: v.detach().clone() for k, v in raw_model.state_dict().items()},
             "optimizer": copy.deepcopy(optimizer.state_dict()),  # a copy: later steps must not mutate it
@@ -263,7 +315,12 @@ def train(cfg: CapacityConfig, session: Session) -> None:
 
 
 def _rows(
-    cfg: CapacityConfig, ev: dict[str, Any], loss: torch.Tensor, metrics: dict[str, Any], params: int
+    cfg: CapacityConfig,
+    ev: dict[str, Any],
+    loss: torch.Tensor,
+    metrics: dict[str, Any],
+    params: int,
+    baseline: dict[str, Any],
 ) -> list[dict[str, Any]]:
     per_load_loss = loss.view(len(cfg.load_ratios), cfg.seeds).mean(dim=1).tolist()
     return [
@@ -277,6 +334,8 @@ def _rows(
             "loss": per_load_loss[j],
             "params": params,
             "bits_per_value": cfg.bits_per_value,
+            "baseline_recall": baseline["recall"][j],
+            "baseline_bit_accuracy": baseline["bit_accuracy"][j],
             **{k: metrics[k] for k in ("capacity", "capacity_ratio", "bits_per_param", "info_bits_per_param")},
         }  # fmt: skip
         for j, (r, n) in enumerate(zip(cfg.load_ratios, cfg.loads, strict=True))
@@ -291,20 +350,29 @@ TRIAL_KEYS = (
 ROW_COLUMNS = (
     *TRIAL_KEYS, "load_ratio", "N", "recall", "bit_accuracy", "active_fraction", "loss", "params", "bits_per_value",
 )  # fmt: skip
+BASELINE_COLUMNS = ("baseline_recall", "baseline_bit_accuracy")  # rows from before baselines lack them
 CAPACITY_COLUMNS = (
     *TRIAL_KEYS, "params", "bits_per_value", "capacity", "capacity_ratio", "bits_per_param", "info_bits_per_param",
+    "baseline_capacity", "baseline_bits_per_param", "versus_baseline",
 )  # fmt: skip
 PUBLISHED_BITS_PER_PARAM = 2.0  # Allen-Zhu & Li, Physics of LMs 3.3 (models.md C.5)
 
 
-def curve_png(cfg: CapacityConfig, recall: list[float], bit_accuracy: list[float], metrics: dict[str, Any]) -> bytes:
-    """Recall and bit accuracy vs N/d_ff for this trial, with the threshold and N*."""
+def curve_png(
+    cfg: CapacityConfig,
+    recall: list[float],
+    bit_accuracy: list[float],
+    metrics: dict[str, Any],
+    baseline_recall: list[float],
+) -> bytes:
+    """Recall and bit accuracy vs N/d_ff for this trial, with the threshold, N* and the key-blind baseline."""
     from matplotlib.figure import Figure  # no pyplot: no global figure state, safe in a worker thread
 
     fig = Figure(figsize=(5.5, 3.8), layout="constrained")
     ax = fig.add_subplot()
     ax.plot(cfg.load_ratios, recall, "o-", label="recall (exact pair)")
     ax.plot(cfg.load_ratios, bit_accuracy, "s--", alpha=0.6, label="bit accuracy" if cfg.values == "sign" else "top-1")
+    ax.plot(cfg.load_ratios, baseline_recall, color="grey", ls="--", lw=1, label="recall, constant answer (baseline)")
     ax.axhline(cfg.threshold, color="grey", lw=0.8, ls=":")
     if metrics["capacity"]:
         ax.axvline(metrics["capacity_ratio"], color="C3", lw=1, label=f"N* = {metrics['capacity']}")
@@ -318,7 +386,9 @@ def curve_png(cfg: CapacityConfig, recall: list[float], bit_accuracy: list[float
 def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     """Per-load rows of every trial -> capacity.csv (one line per trial), recall.csv (every row),
     capacity.png (N*/d_ff and bits/param vs d, one line per activation, the 2 bits/param line) and
-    recall_curves.png (recall vs N/d_ff, one panel per d). N* is recomputed from the rows' recall."""
+    recall_curves.png (recall vs N/d_ff, one panel per d, with the key-blind baseline's recall dashed). N* is
+    recomputed from the rows' recall, and so is the baseline's; a trial whose bits_per_param does not beat the
+    baseline's is "not learned" (each trial is one value: n = 1)."""
     check_rows(rows, ROW_COLUMNS, "memory.capacity")
     trials = group_rows(rows, TRIAL_KEYS)
     summary = []
@@ -329,18 +399,32 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
         info = max(
             channel_bits(r["values"], r["N"], r["d"], r["classes"], r["recall"], r["bit_accuracy"]) for r in curve
         )
+        bits = n_star * first["bits_per_value"] / first["params"]
+        base = _baseline_capacity(curve)
+        base_bits = base * first["bits_per_value"] / first["params"] if base is not None else math.nan
         summary.append(
             {
                 **dict(zip(TRIAL_KEYS, key, strict=True)), "params": first["params"],
                 "bits_per_value": first["bits_per_value"], "capacity": n_star, "capacity_ratio": n_star / first["d_ff"],
-                "bits_per_param": n_star * first["bits_per_value"] / first["params"],
-                "info_bits_per_param": info / first["params"], "curve": curve,
+                "bits_per_param": bits, "info_bits_per_param": info / first["params"], "curve": curve,
+                "baseline_capacity": base, "baseline_bits_per_param": base_bits,
+                "versus_baseline": versus_baseline([bits], base_bits, "max") if base is not None else "",
             }
         )  # fmt: skip
     summary.sort(key=lambda s: (ACTIVATIONS.index(s["activation"]) if s["activation"] in ACTIVATIONS else 99, s["d"]))
-    files = {"capacity.csv": csv_bytes(CAPACITY_COLUMNS, summary), "recall.csv": csv_bytes(ROW_COLUMNS, rows)}
+    files = {
+        "capacity.csv": csv_bytes(CAPACITY_COLUMNS, summary),
+        "recall.csv": csv_bytes((*ROW_COLUMNS, *BASELINE_COLUMNS), rows),
+    }
     files["capacity.png"], files["recall_curves.png"] = _summary_plots(summary)
     return files
+
+
+def _baseline_capacity(curve: list[dict[str, Any]]) -> int | None:
+    """N* of the key-blind baseline's recall curve; None for rows from before baselines."""
+    if any(r.get("baseline_recall") is None for r in curve):
+        return None
+    return capacity_from_curve([r["N"] for r in curve], [r["baseline_recall"] for r in curve], curve[0]["threshold"])
 
 
 def _line_label(s: dict[str, Any], varying: list[str]) -> str:
@@ -385,6 +469,14 @@ def _summary_plots(summary: list[dict[str, Any]]) -> tuple[bytes, bytes]:
                 ms=3,
                 label=_line_label(s, varying),
             )
+        baselines = {  # one dashed curve per distinct baseline (trials of one data share it)
+            tuple((r["load_ratio"], r["baseline_recall"]) for r in s["curve"])
+            for s in summary
+            if s["d"] == d and s["baseline_capacity"] is not None
+        }
+        for i, points in enumerate(sorted(baselines)):
+            ax.plot(*zip(*points, strict=True), color="grey", ls="--", lw=1,
+                    label="constant answer (baseline)" if i == 0 else None)  # fmt: skip
         ax.set(xlabel="N / d_ff", ylabel="recall", title=f"d = {d}", ylim=(-0.02, 1.02))
     axes[0].legend(fontsize=8)
     return capacity, png_bytes(fig)

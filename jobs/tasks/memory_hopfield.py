@@ -22,6 +22,14 @@ Definitions (the table rows and the summary use exactly these):
   order 1 it leaves any grid that is linear in d: `sweeps/memory_hopfield_beta.yaml` runs a log-spaced grid
   up to N/d = 16384 with `stop_past_capacity`, which ends a trial at the first load where every curve has
   fallen below its thresholds (the loads left cannot change N* or N*_m, which need every smaller load to pass).
+- Baselines (`query_baseline`): a memory that reads nothing of what it stores answers with the query itself. Its
+  overlap is 1 - 2 round(p·d)/d (the start_overlap of the rows) and its accuracy 1 at p = 0, else 0, at every
+  load; so its capacities are the grid's top N_max (it "retrieves" at any load) where p = 0, or where the
+  query's own overlap clears overlap_threshold (d = 128, p = 0.02: 0.953 >= 0.95), and 0 otherwise. It beats a
+  random answer (overlap 0, accuracy 2^-d) at every p < 0.5, so it is the bar: reported as baseline/accuracy,
+  baseline/overlap (means over the corruption levels, as accuracy and overlap), baseline/capacity_ratio and
+  baseline/capacity_ratio_overlap (at the headline corruption). The summary labels a trial "not learned" at a
+  corruption level where its N*_m does not beat the query's own (each trial is one value: n = 1).
 Headline metrics use the smallest corruption level of the trial.
 
 Run alone: `python -m jobs run memory.hopfield --set rule=dense --set degree=3 --set d=64`.
@@ -41,6 +49,7 @@ from jobs.config import check_fields
 from jobs.layers.hopfield import RULES, DenseActivation, HopfieldMemory, Rule
 from jobs.registry import Task
 from jobs.runtime import Session
+from jobs.stats import versus_baseline
 from jobs.tables import TableRows, check_rows, csv_bytes, group_rows, png_bytes
 from jobs.tasks.memory_capacity import capacity_from_curve
 
@@ -113,7 +122,16 @@ def _number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
-METRICS = {"capacity_ratio": "max", "capacity_ratio_overlap": "max", "accuracy": "max"}
+METRICS = {
+    "capacity_ratio": "max",
+    "capacity_ratio_overlap": "max",
+    "accuracy": "max",
+    # the query itself, returned unchanged (query_baseline)
+    "baseline/capacity_ratio": "max",
+    "baseline/capacity_ratio_overlap": "max",
+    "baseline/accuracy": "max",
+    "baseline/overlap": "max",
+}
 
 
 def rule_label(rule: str, degree: int, beta: float | None, dense_activation: str = "relu") -> str:
@@ -152,6 +170,19 @@ def make_queries(cfg: HopfieldConfig, patterns: torch.Tensor, j: int) -> tuple[t
     rank = torch.rand(c * q, cfg.d, generator=g).argsort(dim=1).argsort(dim=1)  # a random permutation per row
     flip = rank < flips[:, None]  # exactly `flips` random positions per row: [C·Q, d]
     return torch.where(flip, -patterns[targets], patterns[targets]), targets
+
+
+def query_baseline(cfg: HopfieldConfig) -> dict[str, float]:
+    """The scores of returning the corrupted query unchanged (module docstring), from the exact flip counts."""
+    overlap = {p: 1 - 2 * round(p * cfg.d) / cfg.d for p in cfg.corruptions}  # the query's overlap with its target
+    accuracy = {p: float(round(p * cfg.d) == 0) for p in cfg.corruptions}  # exact only when nothing was flipped
+    headline, top = min(cfg.corruptions), cfg.loads[-1] / cfg.d  # it passes at every load or at none
+    return {
+        "baseline/capacity_ratio": top if accuracy[headline] >= cfg.threshold else 0.0,
+        "baseline/capacity_ratio_overlap": top if overlap[headline] >= cfg.overlap_threshold else 0.0,
+        "baseline/accuracy": sum(accuracy.values()) / len(accuracy),
+        "baseline/overlap": sum(overlap.values()) / len(overlap),
+    }
 
 
 def train(cfg: HopfieldConfig, session: Session) -> None:
@@ -238,6 +269,7 @@ def report(
         "capacity_overlap": cap["capacity_overlap"],
         "capacity_ratio_overlap": cap["capacity_overlap"] / cfg.d,
         "step": done,
+        **query_baseline(cfg),  # from the config's flip counts alone: cheap, at every report
     }
     if last:  # the curves: summarize() aggregates these rows across trials
         metrics["table"] = TableRows(_rows(cfg, results))
@@ -268,7 +300,7 @@ ROW_COLUMNS = (
 )
 CAPACITY_COLUMNS = (
     *TRIAL_KEYS, "corruption", "capacity", "capacity_ratio", "capacity_overlap", "capacity_ratio_overlap", "censored",
-    "censored_overlap",
+    "censored_overlap", "baseline_capacity", "baseline_capacity_overlap", "versus_baseline",
 )  # fmt: skip
 
 
@@ -313,10 +345,11 @@ def _trial_order(kv: tuple[tuple[Any, ...], Any]) -> tuple[Any, ...]:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
-    """Per-(load, corruption) rows of every trial -> capacity.csv (one line per trial and corruption),
+    """Per-(load, corruption) rows of every trial -> capacity.csv (one line per trial and corruption, with the
+    capacities of the query itself from the rows' start_overlap and "not learned" where N*_m does not beat it),
     retrieval.csv (every row), accuracy.png (accuracy and overlap vs N/d per rule and d at the smallest
-    corruption, with the 0.138 d line), capacity.png (N*/d and N*_m/d vs d per rule, 0.138 line) and
-    capacity_d.png (N* and N*_m vs d on a log scale per rule and β, with the 0.138 d line)."""
+    corruption, with the 0.138 d line and the query's own overlap), capacity.png (N*/d and N*_m/d vs d per rule,
+    0.138 line) and capacity_d.png (N* and N*_m vs d on a log scale per rule and β, with the 0.138 d line)."""
     from matplotlib.figure import Figure
 
     check_rows(rows, ROW_COLUMNS, "memory.hopfield")
@@ -326,10 +359,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
         trial = dict(zip(TRIAL_KEYS, key, strict=True))
         for p in sorted({r["corruption"] for r in curve}):
             cap = capacities(curve, p, trial["threshold"], trial["overlap_threshold"])
+            # the query itself: its overlap is the row's start_overlap, exact only when it is 1
+            itself = [{**r, "accuracy": float(r["start_overlap"] == 1), "overlap": r["start_overlap"]} for r in curve]
+            base = capacities(itself, p, trial["threshold"], trial["overlap_threshold"])
             d = trial["d"]
             summary.append(
                 {**trial, "corruption": p, **cap, "capacity_ratio": cap["capacity"] / d,
-                 "capacity_ratio_overlap": cap["capacity_overlap"] / d}
+                 "capacity_ratio_overlap": cap["capacity_overlap"] / d, "baseline_capacity": base["capacity"],
+                 "baseline_capacity_overlap": base["capacity_overlap"],
+                 "versus_baseline": versus_baseline([cap["capacity_overlap"]], base["capacity_overlap"], "max")}
             )  # fmt: skip
     files = {"capacity.csv": csv_bytes(CAPACITY_COLUMNS, summary), "retrieval.csv": csv_bytes(ROW_COLUMNS, rows)}
 
@@ -349,6 +387,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     ax_a, ax_m = fig.subplots(1, 2)
     _curve_axes(ax_a, ax_m, curves, styles)
+    itself = sorted({r["start_overlap"] for r in rows if r["corruption"] == headline})  # one per d
+    for i, m in enumerate(itself):
+        ax_m.axhline(m, color="k", ls=":", lw=1, label="the query itself (baseline)" if i == 0 else None)
+    ax_m.legend(fontsize=7)
     fig.suptitle(f"retrieval from queries with {headline:g} of the bits flipped")
     files["accuracy.png"] = png_bytes(fig)
     fig = Figure(figsize=(10, 4), layout="constrained")

@@ -142,6 +142,10 @@ METRICS = {
     "kn/amplify_gain": "max",
     "kn/control_change": "min",
     "kn/random_suppress_drop": "min",
+    # the same number under the baseline/ name every task's trivial baselines share (issue 30): the bar
+    # kn/suppress_drop must clear, so its mode is kn/suppress_drop's. Unlike the other tasks' baselines it reads
+    # the model (it suppresses other neurons of it): a control, not a predictor that reads nothing.
+    "baseline/random_neurons_suppress_drop": "max",
     "kn/count": "min",
     "kn/value_hit": "max",
     "edit/success": "max",
@@ -413,6 +417,7 @@ def train(cfg: NeuronsConfig, session: Session) -> None:
         "kn/amplify_gain": average("amplify_gain"),
         "kn/control_change": average("control_change"),
         "kn/random_suppress_drop": average("random_suppress_drop"),
+        "baseline/random_neurons_suppress_drop": average("random_suppress_drop"),
         "kn/count": len(all_neurons) / len(rows),
         "kn/last_layer_share": sum(n.layer == cfg.n_layer - 1 for n in all_neurons) / max(1, len(all_neurons)),
         "kn/value_hit": average("value_hit"),

@@ -14,6 +14,12 @@ dropped), words joined by spaces and paragraphs by newlines: 30 characters, ~344
 characters. Protocol: nanoGPT's shakespeare_char recipe (AdamW on matrices only, warmup then cosine decay,
 gradient clipping, random windows), sized for a CPU by default.
 
+Baselines (jobs/baselines.py): `baseline/unigram_bpc` and `baseline/bigram_bpc`, bits per character of an add-one
+unigram and a Witten-Bell bigram of the train characters on the validation windows val/bpc is measured on
+(4.16 and 3.37 at the defaults). A model at or above the unigram's bpc has learned nothing of the context: the
+sweep's summary (sna_lm.md) labels an (attention, rank) "not learned" when its bpc is not below the unigram's by
+more than its 95% interval over seeds.
+
 Run alone: `python -m jobs run sna.lm --set attention=separable --set rank=16 --set max_steps=100`.
 """
 
@@ -27,13 +33,16 @@ import annotated_types as at
 import torch
 from torch import nn
 
+from jobs.baselines import bits, lm_baselines
 from jobs.config import check_fields, check_lm_schedule
 from jobs.data.text import SPLITS, load_pydoc
 from jobs.layers.gpt import GPT, GPTConfig
 from jobs.layers.separable_attention import Kernel, KernelCausalSelfAttention
-from jobs.lm_loop import check_world, train_lm
+from jobs.lm_loop import check_world, train_lm, validation_windows
 from jobs.registry import Task
 from jobs.runtime import Session
+from jobs.stats import t_interval, versus_baseline
+from jobs.tables import TableRows, check_rows, csv_bytes, group_rows, markdown_table
 
 # Every character load_pydoc's tokens can hold: newline (paragraphs), space (words), the apostrophe of
 # "don't", N (its number token) and a-z. Fixed here so build_model(cfg) knows the vocabulary without the data.
@@ -90,7 +99,15 @@ class SnaLmConfig:
         check_lm_schedule(self)
 
 
-METRICS = {"val/bpc": "min", "val/loss": "min", "train/loss": "min", "tokens_per_s": "max", "params/total": "min"}
+METRICS = {
+    "val/bpc": "min",
+    "val/loss": "min",
+    "train/loss": "min",
+    "tokens_per_s": "max",
+    "params/total": "min",
+    "baseline/unigram_bpc": "min",  # n-gram models of the train characters on the same windows (jobs/baselines.py)
+    "baseline/bigram_bpc": "min",
+}
 
 
 # --- data: the pydoc corpus as one character stream per split
@@ -146,15 +163,77 @@ def train(cfg: SnaLmConfig, session: Session) -> None:
     data = load_chars()
     raw_model = build_model(cfg)
     params_total = raw_model.num_params()
+    # --- baselines: from the data alone, once, on the windows val/bpc is measured on
+    nats = lm_baselines(data["train"], validation_windows(cfg, data["valid"]), len(ALPHABET))
+    baselines = {f"baseline/{name}_bpc": bits(nll) for name, nll in nats.items()}
 
     def on_report(metrics: dict[str, Any]) -> dict[str, Any]:
-        return {
+        metrics = {
             **metrics,
-            "val/bpc": metrics["val/loss"] / math.log(2),  # nats per character -> bits per character
+            "val/bpc": bits(metrics["val/loss"]),  # nats per character -> bits per character
             "params/total": params_total,
+            **baselines,
         }
+        # every report, not just the last: a trial a scheduler stops early still has its row for summarize
+        metrics["table"] = TableRows([_row(cfg, metrics)])
+        return metrics
 
     train_lm(cfg, session, raw_model, data["train"], data["valid"], on_report, {"alphabet": ALPHABET})
+
+
+# --- the sweep summary: bits per character per kernel and rank, beside the n-gram baselines
+
+ROW_COLUMNS = (
+    "attention", "rank", "seed", "step", "bpc", "tokens_per_s", "params", "baseline_unigram_bpc",
+    "baseline_bigram_bpc",
+)  # fmt: skip
+
+
+def _row(cfg: SnaLmConfig, metrics: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "attention": cfg.attention,
+        "rank": cfg.rank,
+        "seed": cfg.seed,
+        "step": metrics["step"],
+        "bpc": metrics["val/bpc"],
+        "tokens_per_s": metrics["tokens_per_s"],
+        "params": metrics["params/total"],
+        "baseline_unigram_bpc": metrics["baseline/unigram_bpc"],
+        "baseline_bigram_bpc": metrics["baseline/bigram_bpc"],
+    }
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
+    """One row per trial and report -> sna_lm.md (per attention and rank, at each trial's last report: val bpc
+    mean and 95% t interval over seeds, the unigram and bigram bpc, "not learned" where the bpc is not below the
+    unigram's by more than the interval, tokens/s) and sna_lm.csv (every row)."""
+    check_rows(rows, ROW_COLUMNS, "sna.lm")
+    last: dict[tuple[Any, ...], dict[str, Any]] = {}  # a trial's last report: its rows come one per eval
+    for r in rows:
+        trial = (r["attention"], r["rank"], r["seed"])
+        if trial not in last or int(r["step"]) >= int(last[trial]["step"]):
+            last[trial] = r
+    lines = []
+    for (attention, rank), trials in sorted(group_rows(last.values(), ("attention", "rank")).items()):
+        bpc = [float(r["bpc"]) for r in trials]
+        mean, half, n = t_interval(bpc)
+        unigram = sum(float(r["baseline_unigram_bpc"]) for r in trials) / len(trials)  # one corpus: every seed's
+        bigram = sum(float(r["baseline_bigram_bpc"]) for r in trials) / len(trials)
+        speed = sum(float(r["tokens_per_s"]) for r in trials) / len(trials)
+        lines.append(
+            [attention, rank, n, "/".join(sorted({str(r["step"]) for r in trials})), f"{mean:.3f}",
+             f"± {half:.3f}" if n >= 2 else "n = 1", f"{unigram:.3f} / {bigram:.3f}",
+             versus_baseline(bpc, unigram, "min") or "learned", f"{speed:,.0f}"]
+        )  # fmt: skip
+    header = ["attention", "rank", "seeds", "steps", "val bpc", "95% CI", "unigram / bigram bpc", "vs unigram",
+              "tokens/s"]  # fmt: skip
+    note = (
+        "\nBits per character on the validation windows, mean over seeds with its 95% Student-t interval. Baselines: "
+        "an add-one unigram and a Witten-Bell bigram of the train characters on the same windows (jobs/baselines.py); "
+        "`not learned`: the mean + the interval is not below the unigram's (with n = 1, the one value is not).\n"
+    )
+    summary = "# Character LM: separable vs softmax attention\n\n" + markdown_table(header, lines) + note
+    return {"sna_lm.md": summary.encode(), "sna_lm.csv": csv_bytes(ROW_COLUMNS, rows)}
 
 
 TASK = Task(
@@ -165,4 +244,5 @@ TASK = Task(
     example_input=example_input,
     metrics=METRICS,
     description="Character-level LM (Python docs): separable linear rank-R attention vs softmax; val bpc, tokens/s.",
+    summarize=summarize,
 )

@@ -24,6 +24,12 @@ Measured with the defaults (8 trajectories, 40 time units): L63 0.901; L96 F=8 N
 figure usually quoted for N=40 is ~1.68; this estimate's averaging window is short, ~4% low there).
 One-step NRMSE and the one-step error relative to persistence (x̂(t + dt) = x(t)) are reported too.
 
+Baseline (`persistence_baseline`): the persistence forecast, x̂(t) = x(0) for the whole rollout (x̂(t + dt) = x(t)
+for one step), which reads nothing of the dynamics, scored by the same NRMSE (σ of the train states, as the
+model's) on the same held-out trajectories: baseline/persistence_vpt, baseline/persistence_vpt_median and
+baseline/persistence_one_step_nrmse. The summary labels a (system, model, rank) "not learned" when its VPT does
+not beat persistence's by more than its 95% interval over seeds.
+
 Run alone: `python -m jobs run sna.lorenz --set model=cp --set rank=32 --set steps=500`.
 """
 
@@ -55,7 +61,8 @@ from jobs.layers.separable import (
 )
 from jobs.registry import Task
 from jobs.runtime import Session
-from jobs.tables import TableRows, check_rows, csv_bytes, png_bytes
+from jobs.stats import t_interval, versus_baseline
+from jobs.tables import TableRows, check_rows, csv_bytes, markdown_table, png_bytes
 
 System = Literal["lorenz63", "lorenz96"]
 Model = Literal["cp", "bilinear", "mlp"]
@@ -143,6 +150,10 @@ METRICS = {
     "params/total": "min",
     "diag/effective_rank": "min",
     "charts/steps_per_s": "max",
+    # the persistence forecast on the same test trajectories (persistence_baseline)
+    "baseline/persistence_vpt": "max",
+    "baseline/persistence_vpt_median": "max",
+    "baseline/persistence_one_step_nrmse": "min",
 }
 
 
@@ -293,6 +304,21 @@ def evaluate(cfg: LorenzConfig, model: OneStepForecaster, data: LorenzData) -> d
     }
 
 
+def persistence_baseline(cfg: LorenzConfig, data: LorenzData, std: torch.Tensor) -> dict[str, float]:
+    """The persistence forecast's scores on the held-out trajectories (module docstring), with the model's
+    per-variable σ `std` [D] (the train states' std), from the data alone."""
+    test = torch.tensor(data.test, dtype=torch.float32)  # [M, L + 1, D]
+    std = std.cpu()
+    error = nrmse(test[:, :1].expand_as(test), test, std)  # x̂(t) = x(0): [M, L + 1]
+    vpt = valid_prediction_time(error, cfg.vpt_threshold, cfg.dt, data.lyapunov)  # [M]
+    x, y = test[:, :-1].reshape(-1, cfg.dim), test[:, 1:].reshape(-1, cfg.dim)
+    return {
+        "baseline/persistence_vpt": vpt.mean().item(),
+        "baseline/persistence_vpt_median": vpt.median().item(),
+        "baseline/persistence_one_step_nrmse": nrmse(x, y, std).pow(2).mean().sqrt().item(),  # as evaluate's
+    }
+
+
 def train(cfg: LorenzConfig, session: Session) -> None:
     # --- setup: data (deterministic in data_seed, so a resumed trial regenerates it), model, optimizer
     clock = time.perf_counter()
@@ -307,6 +333,7 @@ def train(cfg: LorenzConfig, session: Session) -> None:
         raw_model.mean.copy_(x_all.mean(dim=0))
         raw_model.std.copy_(x_all.std(dim=0))
         raw_model.step_scale.copy_((y_all - x_all).std(dim=0))
+    baseline = persistence_baseline(cfg, data, x_all.std(dim=0))  # from the data alone, once
     resume = session.checkpoint
     if resume is not None:
         raw_model.load_state_dict(resume["model"])
@@ -355,6 +382,7 @@ def train(cfg: LorenzConfig, session: Session) -> None:
                 "lyapunov/exponent": data.lyapunov,
                 "charts/steps_per_s": steps_per_s,
                 "charts/data_s": data_s,
+                **baseline,
             }
             if step == cfg.steps:
                 metrics["table"] = TableRows([_row(cfg, metrics)])
@@ -377,6 +405,7 @@ ROW_COLUMNS = (
     *TRIAL_KEYS, "params", "vpt", "vpt_median", "one_step_nrmse", "one_step_vs_persistence", "effective_rank",
     "lyapunov",
 )  # fmt: skip
+BASELINE_COLUMNS = ("baseline_persistence_vpt", "baseline_persistence_one_step_nrmse")  # older rows lack them
 
 
 def _row(cfg: LorenzConfig, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -389,6 +418,8 @@ def _row(cfg: LorenzConfig, metrics: dict[str, Any]) -> dict[str, Any]:
         "one_step_vs_persistence": metrics["eval/one_step_vs_persistence"],
         "effective_rank": metrics["diag/effective_rank"],
         "lyapunov": metrics["lyapunov/exponent"],
+        "baseline_persistence_vpt": metrics["baseline/persistence_vpt"],
+        "baseline_persistence_one_step_nrmse": metrics["baseline/persistence_one_step_nrmse"],
     }
 
 
@@ -419,8 +450,10 @@ def rollout_png(cfg: LorenzConfig, data: LorenzData, ev: dict[str, Any]) -> byte
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
-    """One row per trial -> sna_lorenz.csv and vpt.png: mean ± std over seeds of the VPT and of the one-step
-    NRMSE vs rank, one line per (system, model); an MLP's x is the rank of the model it was sized to match."""
+    """One row per trial -> sna_lorenz.csv, vpt.png (mean ± std over seeds of the VPT and of the one-step NRMSE
+    vs rank, one line per (system, model), persistence's as a dotted line; an MLP's x is the rank of the model it
+    was sized to match) and sna_lorenz.md (per system, model and rank: the VPT's mean and 95% t interval over
+    seeds beside persistence's, "not learned" where it does not beat it by more than the interval)."""
     from matplotlib.figure import Figure
 
     check_rows(rows, ROW_COLUMNS, "sna.lorenz")
@@ -437,10 +470,44 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
             values = [np.array([r[key] for r in by_rank[k]], dtype=float) for k in ranks]
             ax.errorbar(ranks, [v.mean() for v in values], yerr=[v.std() for v in values], marker="o", capsize=3,
                         color=f"C{i % 10}", label=f"{system}: {label}")  # fmt: skip
+    for system in sorted({system for system, _ in groups}):
+        for ax, key in ((ax_v, "baseline_persistence_vpt"), (ax_e, "baseline_persistence_one_step_nrmse")):
+            value = _persistence([r for r in rows if r["system"] == system], key)
+            if math.isfinite(value):
+                ax.axhline(value, color="k", ls=":", lw=1, label=f"{system}: persistence (baseline)")
     ax_v.set(xscale="log", xlabel="rank R", ylabel="valid prediction time (Lyapunov times)")
     ax_e.set(xscale="log", yscale="log", xlabel="rank R", ylabel="one-step NRMSE")
     ax_v.legend(fontsize=7)
-    return {"sna_lorenz.csv": csv_bytes(ROW_COLUMNS, rows), "vpt.png": png_bytes(fig)}
+    lines = []
+    for (system, label), by_rank in sorted(groups.items()):
+        for rank in sorted(by_rank):
+            trials = by_rank[rank]
+            vpt = [float(r["vpt"]) for r in trials]
+            mean, half, n = t_interval(vpt)
+            persistence = _persistence(trials, "baseline_persistence_vpt")
+            verdict = versus_baseline(vpt, persistence, "max") if math.isfinite(persistence) else "no baseline"
+            shown = f"{persistence:.3f}" if math.isfinite(persistence) else "—"
+            ci = f"± {half:.3f}" if n >= 2 else "n = 1"
+            lines.append([system, label, rank, n, f"{mean:.3f}", ci, shown, verdict or "learned"])
+    header = ["system", "model", "rank", "seeds", "VPT", "95% CI", "persistence VPT", "vs persistence"]
+    note = (
+        "\nVPT in Lyapunov times, mean over seeds with its 95% Student-t interval. Persistence: the forecast "
+        "x(t) = x(0), scored the same way on the same held-out trajectories (jobs/tasks/sna_lorenz.py). `not "
+        "learned`: the mean - the interval is not above persistence's VPT (with n = 1, the one value is not).\n"
+    )
+    return {
+        "sna_lorenz.csv": csv_bytes((*ROW_COLUMNS, *BASELINE_COLUMNS), rows),
+        "vpt.png": png_bytes(fig),
+        "sna_lorenz.md": (
+            f"# Valid prediction time beside persistence\n\n{markdown_table(header, lines)}{note}"
+        ).encode(),
+    }
+
+
+def _persistence(rows: list[dict[str, Any]], key: str) -> float:
+    """The rows' persistence score (one test set per system and data seed); NaN for rows from before baselines."""
+    values = [float(r[key]) for r in rows if r.get(key) is not None]
+    return sum(values) / len(values) if values else math.nan
 
 
 TASK = Task(

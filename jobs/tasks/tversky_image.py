@@ -18,6 +18,9 @@ puts the head on the pixels, whose weights the run draws in input space (jobs/ta
 Runs as one process or as a Ray Train job: the forward goes through `session.prepare_model` (DDP there) and
 each rank trains on its own shard of every epoch (jobs/data/sharding.py); `batch_size` is per rank.
 
+Baseline (jobs/baselines.py): `baseline/majority`, the test accuracy (a fraction, as test/accuracy) of always
+predicting the most frequent training class; the summary labels a head "not learned" at or below it.
+
 Run alone: `python -m jobs run tversky.image --set head=linear --set epochs=1`.
 """
 
@@ -42,6 +45,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from jobs.baselines import majority_accuracy
 from jobs.config import check_fields
 from jobs.data.images import NORMALIZATION, NUM_CLASSES, ImageDataset, ImageSplits, load_images, resize
 from jobs.data.paths import DataPath
@@ -131,7 +135,7 @@ class ImageConfig:
             raise ValueError("pretrain_epochs: backbone none has nothing to train in stage one; set it to 0")
 
 
-METRICS = {"test/accuracy": "max", "test/loss": "min", "train/loss": "min"}
+METRICS = {"test/accuracy": "max", "test/loss": "min", "train/loss": "min", "baseline/majority": "max"}
 
 
 def build_model(cfg: ImageConfig) -> ImageClassifier:
@@ -338,6 +342,8 @@ def train(cfg: ImageConfig, session: Session) -> None:
         raw_model.backbone.load_state_dict(stage_one["backbone"])
         pretrain = {k: stage_one[k] for k in ("accuracy", "seconds", "digest")}
     data = load_data(cfg, session)
+    # --- baseline: from the labels alone, once (the same test split, the same units as test/accuracy)
+    baselines = {"baseline/majority": majority_accuracy(data.train_labels, data.test_labels)}
     model = session.prepare_model(raw_model)
     trainable = [p for p in raw_model.parameters() if p.requires_grad]
     optimizer, scheduler = _optimizer(cfg, trainable, cfg.epochs)
@@ -386,6 +392,7 @@ def train(cfg: ImageConfig, session: Session) -> None:
         }
         metrics: dict[str, Any] = {
             "train/loss": train_loss, "test/accuracy": test_accuracy, "test/loss": test_loss, "epoch": epoch,
+            **baselines,
         }  # fmt: skip
         last = epoch == cfg.epochs or not finite
         if last and session.world_rank == 0:

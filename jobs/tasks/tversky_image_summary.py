@@ -8,8 +8,9 @@
 - `trial_row`: the trial's outcome (and, for a pixel head, its weights as numbers) under the `table` metric, which
   the worker hands, with every trial's config, to `summarize`.
 - `summarize`: accuracy.md / accuracy.csv, mean ± sample std over seeds of the final test accuracy per setting and
-  head, beside the paper's numbers, with stage one's accuracy and whether both heads of a seed started from the
-  same backbone; input_space.png, the linear weights and the Tversky prototypes and features side by side.
+  head, beside the majority-class baseline ("not learned" where a head does not beat it) and the paper's numbers,
+  with stage one's accuracy and whether both heads of a seed started from the same backbone; input_space.png, the
+  linear weights and the Tversky prototypes and features side by side.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from jobs.layers.tversky import TverskyProjection
+from jobs.stats import t_interval, versus_baseline
 from jobs.tables import check_rows, csv_bytes, group_rows, markdown_table, mean_std, png_bytes
 
 if TYPE_CHECKING:
@@ -113,6 +115,7 @@ def trial_row(
         "params_total": params["params/total"],
         "pretrain_accuracy": pretrain.get("accuracy"),
         "backbone_digest": pretrain.get("digest"),
+        "baseline_majority": metrics["baseline/majority"],
     }
     if cfg.backbone == "none":  # small: 10 x S² numbers for the weights, 10 more rows for a Tversky head's features
         images = input_space_images(model, cfg.image_size)
@@ -122,7 +125,10 @@ def trial_row(
 
 # --- the sweep's summary (the worker calls summarize with every trial's table rows)
 
-CSV_COLUMNS = (*ARM_KEYS, "head", "seeds", "mean", "std", "min", "max", "pretrain_accuracy", "params_head")
+CSV_COLUMNS = (
+    *ARM_KEYS, "head", "seeds", "mean", "std", "half_95", "min", "max", "baseline_majority", "versus_baseline",
+    "pretrain_accuracy", "params_head",
+)  # fmt: skip
 
 
 def _paper(arm: tuple[Any, ...]) -> str:
@@ -138,6 +144,13 @@ def _arm_label(arm: tuple[Any, ...]) -> str:
         return f"{dataset}, head on pixels"
     stage = f", stage one {pre_epochs} ep on labels < {pre_classes}" if pre_epochs else ", random backbone"
     return f"{dataset}, {backbone}, {'frozen' if frozen else 'trained'}{stage if frozen or pre_epochs else ''}"
+
+
+def _majority(rows: list[dict[str, Any]]) -> float:
+    """The rows' majority-class baseline in percent (one test split: the same for every seed); NaN for rows
+    from before baselines."""
+    values = [100 * float(r["baseline_majority"]) for r in rows if r.get("baseline_majority") is not None]
+    return statistics.fmean(values) if values else math.nan
 
 
 def _same_start(rows: list[dict[str, Any]]) -> str:
@@ -161,21 +174,32 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
                 continue
             accs = [100 * float(r["test_accuracy"]) for r in got]
             mean, std = mean_std(accs)
+            half = t_interval(accs)[1]
             pre = [float(r["pretrain_accuracy"]) for r in got if r.get("pretrain_accuracy") is not None]
+            majority = _majority(got)
+            label = versus_baseline(accs, majority, "max") if math.isfinite(majority) else ""
             stats.append({**dict(zip(ARM_KEYS, arm, strict=True)), "head": head, "seeds": len(accs),
-                          "mean": round(mean, 3), "std": round(std, 3), "min": min(accs), "max": max(accs),
+                          "mean": round(mean, 3), "std": round(std, 3), "half_95": round(half, 3), "min": min(accs),
+                          "max": max(accs), "baseline_majority": round(majority, 3), "versus_baseline": label,
                           "pretrain_accuracy": round(statistics.fmean(pre), 4) if pre else math.nan,
                           "params_head": got[0].get("params_head")})  # fmt: skip
-            cells[head] = f"{mean:.2f} ± {std:.2f} (n={len(accs)})"
+            verdict = " **not learned**" if label.startswith("not learned") else ""
+            cells[head] = f"{mean:.2f} ± {std:.2f} (n={len(accs)}){verdict}"
             sizes[head] = f"{got[0]['params_head']:,}" if got[0].get("params_head") else "—"
         pre_all = [float(r["pretrain_accuracy"]) for r in group if r.get("pretrain_accuracy") is not None]
         pre_cell = f"{100 * statistics.fmean(pre_all):.2f}" if pre_all else "—"
-        lines.append((_arm_label(arm), cells["linear"], cells["tversky"], f"{sizes['linear']} / {sizes['tversky']}",
-                      pre_cell, _same_start(group), _paper(arm)))  # fmt: skip
-    header = ("setting", "linear", "Tversky", "head params (linear / Tversky)", "stage one accuracy", "same start",
-              "paper")  # fmt: skip
+        majority = _majority(group)
+        majority_cell = f"{majority:.2f}" if math.isfinite(majority) else "—"
+        sizes_cell = f"{sizes['linear']} / {sizes['tversky']}"
+        lines.append((_arm_label(arm), cells["linear"], cells["tversky"], majority_cell, sizes_cell, pre_cell,
+                      _same_start(group), _paper(arm)))  # fmt: skip
+    header = ("setting", "linear", "Tversky", "majority class", "head params (linear / Tversky)",
+              "stage one accuracy", "same start", "paper")  # fmt: skip
     intro = (
-        "# Image heads beside the paper\n\nFinal test accuracy (%), mean ± sample std over seeds (n). Stage one: "
+        "# Image heads beside the paper\n\nFinal test accuracy (%), mean ± sample std over seeds (n). Majority "
+        "class: the test accuracy of always answering the most frequent training class (jobs/baselines.py); "
+        "**not learned**: the head's mean - its 95% t interval over seeds is not above it (with n = 1, the one "
+        "value is not above it; accuracy.csv says n = 1). Stage one: "
         "the backbone trained first (on the labels below the given class), then frozen, weights and BatchNorm "
         "statistics; `same start`: both heads of each seed report the same backbone fingerprint.\n\n"
     )

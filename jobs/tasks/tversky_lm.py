@@ -31,6 +31,11 @@ paper goes down by 43.30M (tied) and 46.45M (untied); these drops are not explai
 sources name (tversky.md §3.3: they are near the 12 MLPs' 56.7M less the bank; and untying adds 38.60M = V x d
 to the linear model but 35.45M to the Tversky one, so no single architecture fits both Tversky counts).
 
+Baselines (jobs/baselines.py): `baseline/unigram_ppl` and `baseline/bigram_ppl`, the perplexity of an add-one
+unigram and a Witten-Bell bigram of the train split's tokens on the same validation windows as val/perplexity.
+The summary labels an arm "not learned" when its perplexity is not below the unigram's by more than its 95%
+interval over seeds (jobs/stats.py): at the defaults (pydoc, 2000 words) the unigram is 352 and the bigram 90.
+
 Run alone: `python -m jobs run tversky.lm --set lm_head=tversky --set max_steps=100`.
 """
 
@@ -45,14 +50,16 @@ from typing import Annotated, Any
 import annotated_types as at
 import torch
 
+from jobs.baselines import lm_baselines, perplexity
 from jobs.config import check_fields, check_lm_schedule
 from jobs.data.paths import DataPath
 from jobs.data.text import Corpus, TokenizerKind, load_bpe_text, load_text
 from jobs.layers.gpt import GPT, GPT2_N_POSITIONS, GPT2_VOCAB_SIZE, GPTConfig, Projection, count_params
 from jobs.layers.tversky import Difference, Intersection, Semantics, SimilarityModel
-from jobs.lm_loop import check_world, train_lm
+from jobs.lm_loop import check_world, train_lm, validation_windows
 from jobs.registry import Task
 from jobs.runtime import Session
+from jobs.stats import t_interval, versus_baseline
 from jobs.tables import TableRows, check_rows, csv_bytes, group_rows, markdown_table
 
 
@@ -144,7 +151,13 @@ class LmConfig:
                              f"got {self.vocab_size}")  # fmt: skip
 
 
-METRICS = {"val/perplexity": "min", "val/loss": "min", "train/loss": "min"}
+METRICS = {
+    "val/perplexity": "min",
+    "val/loss": "min",
+    "train/loss": "min",
+    "baseline/unigram_ppl": "min",  # n-gram models of the train tokens on the same windows (jobs/baselines.py)
+    "baseline/bigram_ppl": "min",
+}
 
 # The paper's PTB rows (tversky.md §3.3): (row, lm_head, attn_proj, tied, perplexity, parameters). The head-only
 # row fine-tunes pretrained GPT-2, which cannot be downloaded here: a run of that architecture starts from scratch.
@@ -208,12 +221,16 @@ def train(cfg: LmConfig, session: Session) -> None:
     train_ids, valid_ids, extra_state = load_data(cfg, session.checkpoint)
     raw_model = build_model(cfg)
     params = param_metrics(cfg, raw_model)
+    # --- baselines: from the data alone, once; V = the model's output vocabulary (a BPE may use fewer ids)
+    nats = lm_baselines(train_ids, validation_windows(cfg, valid_ids), cfg.vocab_size)
+    baselines = {f"baseline/{name}_ppl": perplexity(nll) for name, nll in nats.items()}
 
     def on_report(metrics: dict[str, Any]) -> dict[str, Any]:
         metrics = {
             **metrics,
-            "val/perplexity": math.exp(min(metrics["val/loss"], 700.0)),  # exp overflows a float past ~709
+            "val/perplexity": perplexity(metrics["val/loss"]),
             **params,
+            **baselines,
         }
         # every report, not just the last: a trial a scheduler stops early still has its row for summarize
         metrics["table"] = TableRows([_row(cfg, metrics)])
@@ -226,7 +243,10 @@ def train(cfg: LmConfig, session: Session) -> None:
 
 
 ARM_KEYS = ("lm_head", "attn_proj", "tied")
-ROW_COLUMNS = (*ARM_KEYS, "tokenizer", "vocab_size", "seed", "step", "perplexity", "params", "params_gpt2_vocab")
+ROW_COLUMNS = (
+    *ARM_KEYS, "tokenizer", "vocab_size", "seed", "step", "perplexity", "params", "params_gpt2_vocab",
+    "baseline_unigram_ppl", "baseline_bigram_ppl",
+)  # fmt: skip
 
 
 def _row(cfg: LmConfig, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -241,13 +261,16 @@ def _row(cfg: LmConfig, metrics: dict[str, Any]) -> dict[str, Any]:
         "perplexity": metrics["val/perplexity"],
         "params": metrics["params/total"],
         "params_gpt2_vocab": metrics["params/gpt2_vocab"],
+        "baseline_unigram_ppl": metrics["baseline/unigram_ppl"],
+        "baseline_bigram_ppl": metrics["baseline/bigram_ppl"],
     }
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     """One row per trial and report -> lm_summary.md (per arm, at each trial's last report: val perplexity mean
-    ± std over seeds, parameters as trained and at GPT-2's vocabulary, and the paper's rows for the same arm)
-    and lm_trials.csv (every row)."""
+    ± std over seeds, the unigram and bigram baselines' perplexity and "not learned" where the arm is not below
+    the unigram's by more than its 95% interval, parameters as trained and at GPT-2's vocabulary, and the paper's
+    rows for the same arm) and lm_trials.csv (every row)."""
     check_rows(rows, ("lm_head", "attn_proj", "tied", "seed", "step", "perplexity", "params"), "tversky.lm")
     last: dict[tuple[Any, ...], dict[str, Any]] = {}  # a trial's last report: its rows come one per eval
     for r in rows:
@@ -263,23 +286,40 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
         steps = sorted({int(r["step"]) for r in trials})  # several where a scheduler stopped trials early
         paper = "; ".join(f"{row}: {p:.2f}, {n / 1e6:.2f}M" for row, *arm, p, n in PAPER_ROWS if tuple(arm) == key[:3])
         gpt2 = trials[0].get("params_gpt2_vocab")
+        unigram, bigram = (_baseline(trials, f"baseline_{name}_ppl") for name in ("unigram", "bigram"))
+        learned = versus_baseline(ppl, unigram, "min") if math.isfinite(unigram) else "no baseline"
         lines.append(
             [*key[:3], key[3] or "word", key[4] or "-", len(trials), "/".join(map(str, steps)),
-             f"{statistics.mean(ppl):.2f}{spread}", f"{int(trials[0]['params']):,}",
-             f"{int(gpt2):,}" if gpt2 is not None else "-", paper or "-"]
+             f"{statistics.mean(ppl):.2f}{spread}", _ci(ppl),
+             f"{unigram:.2f} / {bigram:.2f}" if math.isfinite(unigram) else "—", learned or "learned",
+             f"{int(trials[0]['params']):,}", f"{int(gpt2):,}" if gpt2 is not None else "-", paper or "-"]
         )  # fmt: skip
     header = [
-        "lm_head", "attn_proj", "tied", "tokenizer", "vocab", "seeds", "steps", "val perplexity", "params",
-        "params at GPT-2 vocab", "paper: row, ppl, params",
+        "lm_head", "attn_proj", "tied", "tokenizer", "vocab", "seeds", "steps", "val perplexity", "95% CI",
+        "unigram / bigram ppl", "vs unigram", "params", "params at GPT-2 vocab", "paper: row, ppl, params",
     ]  # fmt: skip
     note = (
-        "\nParameters are unique (tied weights and the shared bank once, wpe included), as the paper counts "
+        "\nBaselines: perplexity of an add-one unigram and a Witten-Bell bigram of the train tokens on the same "
+        "validation windows (jobs/baselines.py); `not learned`: the arm's mean + its 95% t interval over seeds is "
+        "not below the unigram's (with n = 1, the one value is not below it). "
+        "Parameters are unique (tied weights and the shared bank once, wpe included), as the paper counts "
         "(jobs/tasks/tversky_lm.py). Perplexity is per token of the row's tokenizer (word or BPE), so rows of "
         "different tokenizers do not compare. The paper trains on GPT-2 BPE PTB at GPT-2 small size; these runs "
         "use the sweep's corpus, vocabulary and size, so compare directions, not values.\n"
     )
     summary = markdown_table(header, lines) + note
     return {"lm_summary.md": summary.encode(), "lm_trials.csv": csv_bytes(ROW_COLUMNS, rows)}
+
+
+def _baseline(trials: list[dict[str, Any]], column: str) -> float:
+    """The arm's baseline: the same tokens give every seed the same value; NaN for rows from before baselines."""
+    values = [float(r[column]) for r in trials if r.get(column) is not None]
+    return statistics.fmean(values) if values else math.nan
+
+
+def _ci(values: list[float]) -> str:
+    _, half, n = t_interval(values)
+    return f"± {half:.2f}" if n >= 2 else "n = 1"
 
 
 TASK = Task(

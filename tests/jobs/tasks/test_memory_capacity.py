@@ -23,6 +23,7 @@ from jobs.tasks.memory_capacity import (
     build_model,
     capacity_from_curve,
     channel_bits,
+    constant_baseline,
     evaluate,
     make_pools,
     per_model_loss,
@@ -43,7 +44,10 @@ def _run(cfg: CapacityConfig, checkpoint: dict[str, Any] | None = None) -> Local
 
 def test_registered() -> None:
     assert get_task("memory.capacity") is TASK and TASK.summarize is summarize
-    assert dict(TASK.metrics) == {"bits_per_param": "max", "capacity": "max", "recall": "max", "loss": "min"}
+    assert dict(TASK.metrics) == {
+        "bits_per_param": "max", "capacity": "max", "recall": "max", "loss": "min", "baseline/bits_per_param": "max",
+        "baseline/capacity": "max", "baseline/recall": "max", "baseline/chance_recall": "max",
+    }  # fmt: skip
     model = build_model(TINY)
     assert isinstance(model, KeyValueMemory) and model.models == TINY.models == 6
     x = TASK.example_input(TINY)
@@ -141,6 +145,12 @@ def test_tiny_run_takes_optimizer_steps() -> None:
     table = final["table"]
     assert [r["N"] for r in table] == [4, 8, 32] and all(0 <= r["recall"] <= r["bit_accuracy"] <= 1 for r in table)
     assert session.artifacts["capacity_curve.png"].startswith(PNG)
+    # the key-blind baseline reads the data alone: the same at every report, and its rows agree with it
+    baseline = constant_baseline(TINY, make_pools(TINY)[1], 8 * 8 + 8 + 8 * 8)
+    assert all(h[k] == v for h in session.history for k, v in baseline["metrics"].items())
+    assert [r["baseline_recall"] for r in table] == baseline["recall"]
+    assert final["baseline/chance_recall"] == 2.0**-8 and final["baseline/capacity"] == 0
+    assert final["recall"] > final["baseline/recall"], final
     reloaded = build_model(TINY)
     reloaded.load_state_dict(ckpt["model"])  # the worker registers build_model(cfg) + checkpoint["model"]
 
@@ -164,6 +174,25 @@ def test_a_longer_run_stores_a_light_load_exactly() -> None:
     assert final["capacity"] >= 8 and final["bits_per_param"] == final["capacity"] * 2 / (8 * 8 + 8 + 8 * 4)
 
 
+def test_constant_baseline_by_hand() -> None:
+    # two pools of three 2-bit values; load 1 (ratio 0.5 of d_ff 2) and load 3 (ratio 1.5)
+    cfg = CapacityConfig(d=2, d_ff=2, load_ratios=(0.5, 1.5), seeds=2, steps=1, report_every=1)
+    values = torch.tensor([[[1, 1], [1, 1], [-1, 1]], [[1, -1], [-1, 1], [-1, -1]]]).float()
+    got = constant_baseline(cfg, values, params=10)
+    # load 1: any one value is recalled by itself. Load 3: pool 0 answers (1, 1): 2 of 3 exact, bits 2/3 and 3/3;
+    # pool 1 has three distinct values (1 of 3 exact), bit majorities (-1, -1): 2/3 and 2/3
+    assert got["recall"] == pytest.approx([1.0, (2 / 3 + 1 / 3) / 2])
+    assert got["bit_accuracy"] == pytest.approx([1.0, ((2 / 3 + 1) / 2 + 2 / 3) / 2])
+    assert got["metrics"] == pytest.approx(
+        {"baseline/recall": (1 + 0.5) / 2, "baseline/capacity": 1, "baseline/bits_per_param": 1 * 2 / 10,
+         "baseline/chance_recall": 0.25}
+    )  # fmt: skip
+    classes = dataclasses.replace(cfg, values="classes", classes=3)
+    got = constant_baseline(classes, torch.tensor([[2, 0, 2], [1, 1, 1]]), params=10)
+    assert got["recall"] == pytest.approx([1.0, (2 / 3 + 1) / 2]) and got["bit_accuracy"] == got["recall"]
+    assert got["metrics"]["baseline/chance_recall"] == pytest.approx(1 / 3)
+
+
 def _fake_rows() -> list[dict[str, Any]]:
     rows = []
     curves = {("relu", 8): [1, 1, 0.5], ("relu", 16): [1, 0.999, 0.995], ("gelu", 8): [0.9, 1, 1]}
@@ -174,7 +203,7 @@ def _fake_rows() -> list[dict[str, Any]]:
                 {"activation": act, "power": 2, "beta": 1.0, "values": "sign", "classes": 256, "d": d, "d_ff": 4,
                  "seeds": 1, "threshold": 0.99, "steps": 10, "lr": 0.01, "seed": 0, "load_ratio": ratio, "N": 4 * ratio,
                  "recall": recall, "bit_accuracy": recall, "active_fraction": 0.3, "loss": 0.1, "params": params,
-                 "bits_per_value": d,
+                 "bits_per_value": d, "baseline_recall": 0.3 if ratio == 1 else 0.1, "baseline_bit_accuracy": 0.6,
                  "load_ratios": [1, 2, 4], "report_every": 5}  # the last two: merged in from the trial config
             )  # fmt: skip
     return rows
@@ -190,6 +219,12 @@ def test_summarize_writes_capacity_tables_and_plots() -> None:
         ("relu", "8"): ("8", str(8 * 8 / 68)), ("relu", "16"): ("16", str(16 * 16 / 132)), ("gelu", "8"): ("0", "0.0")
     }  # fmt: skip
     assert [r["activation"] for r in cap] == ["relu", "relu", "gelu"]  # the layer's order, then d
+    # the baseline's N* is 0 (recall 0.3 < 0.99): gelu's N* = 0 does not beat it; one trial each, n = 1
+    assert [(r["baseline_capacity"], r["versus_baseline"]) for r in cap] == [
+        ("0", "n = 1"), ("0", "n = 1"), ("0", "not learned, n = 1")
+    ]  # fmt: skip
+    old = summarize([{k: v for k, v in r.items() if not k.startswith("baseline")} for r in _fake_rows()])
+    assert {r["versus_baseline"] for r in csv.DictReader(io.StringIO(old["capacity.csv"].decode()))} == {""}
     recall = list(csv.DictReader(io.StringIO(files["recall.csv"].decode())))
     assert len(recall) == 9 and "load_ratios" not in recall[0]
 

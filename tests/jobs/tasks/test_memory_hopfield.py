@@ -23,6 +23,7 @@ from jobs.tasks.memory_hopfield import (
     build_model,
     make_patterns,
     make_queries,
+    query_baseline,
     summarize,
     train,
 )
@@ -106,11 +107,33 @@ def test_tiny_run_retrieves_and_reports_a_curve(rule: str) -> None:
     else:
         assert final["capacity"] >= 16, f"{rule}: {final}"
     assert session.artifacts["retrieval_curve.png"].startswith(PNG)
+    # the query itself: 3 and 8 of 32 bits flipped, overlaps 0.8125 and 0.5 (the rows' start_overlap), never exact
+    assert {k: v for k, v in final.items() if k.startswith("baseline/")} == {
+        "baseline/capacity_ratio": 0.0, "baseline/capacity_ratio_overlap": 0.0, "baseline/accuracy": 0.0,
+        "baseline/overlap": (0.8125 + 0.5) / 2,
+    }  # fmt: skip
+    assert all(k in TASK.metrics for k in final if k.startswith("baseline/"))
     ckpt = session.last_checkpoint
     assert ckpt is not None and set(ckpt) == {"model", "results", "step", "config"}
     reloaded = build_model(cfg)
     reloaded.load_state_dict(ckpt["model"])
     assert torch.equal(reloaded.patterns, make_patterns(cfg))
+
+
+def test_the_query_itself_passes_where_its_own_overlap_clears_the_threshold() -> None:
+    # d = 128, p = 0.02: 3 bits flipped, overlap 1 - 6/128 = 0.953 >= 0.95: "retrieved" at every load, unread
+    cfg = HopfieldConfig(d=128, load_ratios=(0.1, 0.5), corruptions=(0.02, 0.2), queries=8)
+    assert query_baseline(cfg) == pytest.approx({
+        "baseline/capacity_ratio": 0.0, "baseline/capacity_ratio_overlap": 64 / 128, "baseline/accuracy": 0.0,
+        "baseline/overlap": (1 - 6 / 128 + 1 - 2 * 26 / 128) / 2,
+    })  # fmt: skip
+    exact = dataclasses.replace(cfg, corruptions=(0.0, 0.2))  # nothing flipped: the query is the pattern
+    assert query_baseline(exact)["baseline/capacity_ratio"] == 0.5 and query_baseline(exact)["baseline/accuracy"] == 0.5
+    # the measured start overlaps are the same numbers
+    patterns = make_patterns(cfg)
+    queries, targets = make_queries(cfg, patterns, 0)
+    start = (queries * patterns[targets]).sum(dim=1) / cfg.d  # [C·Q]
+    assert start.view(2, 8).mean(dim=1).tolist() == pytest.approx([1 - 6 / 128, 1 - 52 / 128])
 
 
 def _fake_rows() -> list[dict[str, Any]]:
@@ -143,6 +166,15 @@ def test_summarize_writes_capacity_tables_and_plots() -> None:
         ("classical", "0.1"): ("10", "14", "False", "False"), ("classical", "0.2"): ("10", "0", "False", "False"),
         ("modern", "0.1"): ("50", "50", "True", "True"), ("modern", "0.2"): ("50", "0", "True", "False"),
     }  # fmt: skip
+    # the query itself (start overlap 0.8 < 0.95) has no capacity: N*_m = 0 at p = 0.2 does not beat it (n = 1)
+    labels = {(r["rule"], r["corruption"]): (r["baseline_capacity_overlap"], r["versus_baseline"]) for r in cap}
+    assert labels == {
+        ("classical", "0.1"): ("0", "n = 1"), ("classical", "0.2"): ("0", "not learned, n = 1"),
+        ("modern", "0.1"): ("0", "n = 1"), ("modern", "0.2"): ("0", "not learned, n = 1"),
+    }  # fmt: skip
+    clear = [{**r, "start_overlap": 0.96} for r in _fake_rows()]  # a query that already clears 0.95
+    cap = list(csv.DictReader(io.StringIO(summarize(clear)["capacity.csv"].decode())))
+    assert {(r["rule"], r["corruption"]): r["versus_baseline"] for r in cap}[("modern", "0.1")] == "not learned, n = 1"
     assert len(list(csv.DictReader(io.StringIO(files["retrieval.csv"].decode())))) == 12
 
 

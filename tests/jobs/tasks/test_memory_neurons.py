@@ -99,6 +99,8 @@ def test_tiny_run_trains_the_lm_and_reports(tiny_run: tuple[NeuronsConfig, Local
     assert metrics["kn/facts"] == 3 and 1 <= metrics["kn/count"] <= cfg.max_neurons
     assert metrics["kn/suppress_drop"] <= 1 and metrics["kn/amplify_gain"] >= -1
     assert metrics["kn/suppress_drop"] > metrics["kn/random_suppress_drop"], metrics  # the neurons matter most
+    assert metrics["baseline/random_neurons_suppress_drop"] == metrics["kn/random_suppress_drop"]
+    assert TASK.metrics["baseline/random_neurons_suppress_drop"] == TASK.metrics["kn/suppress_drop"] == "max"
     for name in ("kn/control_change", "edit/control_change"):
         assert 0 <= metrics[name] < math.inf, (name, metrics[name])
     for name in ("edit/success", "kn/value_hit", "kn/last_layer_share"):
@@ -116,6 +118,7 @@ def test_tiny_run_trains_the_lm_and_reports(tiny_run: tuple[NeuronsConfig, Local
     report = session.artifacts["knowledge_neurons.md"].decode()
     assert report.startswith("# Knowledge neurons") and report.count("## Fact ") == 3
     assert "| kn/suppress_drop |" in report and "Edit " in report and "| L" in report
+    assert "| baseline/random_neurons_suppress_drop |" in report
 
 
 def test_resume_reuses_the_weights(

@@ -107,7 +107,7 @@ CASES = [
         ),  # fmt: skip
         crash_at=15,
         resumed_at=15,
-        timings=("tokens_per_s",),
+        timings=("tokens_per_s", "table"),  # the table's row holds tokens_per_s too
     ),
     Case(
         "sna.lorenz",

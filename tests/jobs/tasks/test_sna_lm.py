@@ -11,12 +11,14 @@ import pytest
 import torch
 from pydantic import TypeAdapter, ValidationError
 
+from jobs.baselines import unigram_nll
 from jobs.config import field_docs
 from jobs.data.text import load_pydoc
 from jobs.layers.separable_attention import KernelCausalSelfAttention
+from jobs.lm_loop import validation_windows
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
-from jobs.tasks.sna_lm import ALPHABET, TASK, SnaLmConfig, build_model, load_chars, train
+from jobs.tasks.sna_lm import ALPHABET, TASK, SnaLmConfig, build_model, load_chars, summarize, train
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = SnaLmConfig(
@@ -89,6 +91,19 @@ def test_tiny_run_learns_characters(attention: str) -> None:
     assert last["val/bpc"] < 0.9 * uniform and last["train/loss"] < first["train/loss"], session.history
     assert last["val/bpc"] == pytest.approx(last["val/loss"] / math.log(2))
     assert last["tokens_per_s"] > 0 and last["params/total"] == build_model(cfg).num_params()
+    # the n-gram baselines read the data alone (the same at every report), on the windows val/bpc uses
+    chars = load_chars()
+    windows = validation_windows(cfg, chars["valid"])
+    unigram = unigram_nll(chars["train"], windows[:, 1:].reshape(-1), len(ALPHABET)) / math.log(2)
+    assert first["baseline/unigram_bpc"] == last["baseline/unigram_bpc"] == pytest.approx(unigram)
+    assert 0 < last["baseline/bigram_bpc"] < last["baseline/unigram_bpc"] < uniform, last
+    assert TASK.metrics["baseline/unigram_bpc"] == TASK.metrics["baseline/bigram_bpc"] == "min"
+    (row,) = last["table"]
+    assert row == {
+        "attention": attention, "rank": 8, "seed": 0, "step": 30, "bpc": last["val/bpc"],
+        "tokens_per_s": last["tokens_per_s"], "params": last["params/total"],
+        "baseline_unigram_bpc": last["baseline/unigram_bpc"], "baseline_bigram_bpc": last["baseline/bigram_bpc"],
+    }  # fmt: skip
     ckpt = session.last_checkpoint
     assert ckpt is not None and set(ckpt) == {"model", "optimizer", "step", "config", "alphabet"}
     build_model(cfg).load_state_dict(ckpt["model"])
@@ -100,3 +115,29 @@ def test_sweep_files_validate(path: str, trials: int) -> None:
     spec = spec_module.parse_spec((REPO / path).read_text())
     assert spec.task == "sna.lm" and spec.metric.name == "val/bpc" and spec.trials_total == trials
     SnaLmConfig(**{k: v for k, v in spec.params.items()})  # the fixed params make a valid config
+
+
+def test_summary_labels_a_kernel_that_does_not_beat_the_unigram() -> None:
+    base = {"tokens_per_s": 1000.0, "params": 100, "baseline_unigram_bpc": 4.16, "baseline_bigram_bpc": 3.37}
+    rows = [
+        *(
+            {**base, "attention": "softmax", "rank": 32, "seed": s, "step": 1000, "bpc": b}
+            for s, b in enumerate((2.3, 2.4, 2.5))
+        ),  # fmt: skip
+        # 4.0, 4.1, 4.2: 4.1 + 4.303 x 0.1 / √3 = 4.35 is not below 4.16
+        *(
+            {**base, "attention": "separable", "rank": 8, "seed": s, "step": 1000, "bpc": b}
+            for s, b in enumerate((4.0, 4.1, 4.2))
+        ),  # fmt: skip
+        {**base, "attention": "separable", "rank": 8, "seed": 0, "step": 500, "bpc": 9.0},  # an earlier report
+        {**base, "attention": "separable", "rank": 16, "seed": 0, "step": 1000, "bpc": 3.0},
+    ]
+    files = summarize(rows)
+    md = files["sna_lm.md"].decode()
+    assert "| separable | 8 | 3 | 1000 | 4.100 | ± 0.248 | 4.160 / 3.370 | not learned | 1,000 |" in md
+    assert "| separable | 16 | 1 | 1000 | 3.000 | n = 1 | 4.160 / 3.370 | n = 1 | 1,000 |" in md
+    assert "| softmax | 32 | 3 | 1000 | 2.400 | ± 0.248 | 4.160 / 3.370 | learned | 1,000 |" in md
+    assert files["sna_lm.csv"].decode().splitlines()[0].startswith("attention,rank,seed,step,bpc")
+    assert TASK.summarize is summarize
+    with pytest.raises(ValueError, match="^summarize: rows lack baseline_unigram_bpc"):
+        summarize([{k: v for k, v in rows[0].items() if k != "baseline_unigram_bpc"}])

@@ -30,7 +30,16 @@ from jobs.data.lorenz import (
 from jobs.layers.separable import BilinearSeparable, CPSeparable, count_params
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
-from jobs.tasks.sna_lorenz import TASK, LorenzConfig, build_model, summarize, train, valid_prediction_time
+from jobs.tasks.sna_lorenz import (
+    TASK,
+    LorenzConfig,
+    LorenzData,
+    build_model,
+    persistence_baseline,
+    summarize,
+    train,
+    valid_prediction_time,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -167,6 +176,16 @@ def test_tiny_run_trains_and_reports(model: str, basis: str) -> None:
     assert 1 <= last["diag/effective_rank"] <= (8 if model == "mlp" else cfg.rank)
     (row,) = last["table"]
     assert row["model"] == model and row["vpt"] == last["eval/vpt"]
+    # persistence reads the data alone: the same at every report, and its one-step error is the denominator of
+    # eval/one_step_vs_persistence
+    baseline = {k: v for k, v in last.items() if k.startswith("baseline/")}
+    assert baseline == {k: v for k, v in first.items() if k.startswith("baseline/")}
+    assert set(baseline) <= set(TASK.metrics)
+    assert last["eval/one_step_nrmse"] / baseline["baseline/persistence_one_step_nrmse"] == pytest.approx(
+        last["eval/one_step_vs_persistence"], rel=1e-5
+    )
+    assert 0 <= baseline["baseline/persistence_vpt"] < 1, baseline  # x(0) held: valid for a fraction of 1/λ
+    assert row["baseline_persistence_vpt"] == baseline["baseline/persistence_vpt"]
     assert session.artifacts["rollout.png"].startswith(PNG)
     ckpt = session.last_checkpoint
     assert ckpt is not None and set(ckpt) == {"model", "optimizer", "step", "config"}
@@ -193,11 +212,33 @@ def _fake_rows() -> list[dict[str, Any]]:
     return rows
 
 
+def test_persistence_baseline_by_hand() -> None:
+    # one held-out trajectory, σ = 1, only x0 moves: persistence's NRMSE 0, 0.3, 0.6 (> 0.5 at t = 2), 0
+    cfg = dataclasses.replace(TINY, dt=0.1, vpt_threshold=0.5)
+    test = np.zeros((1, 4, 3))
+    test[0, :, 0] = [0.0, 0.3 * 3**0.5, 0.6 * 3**0.5, 0.0]  # NRMSE over 3 variables: |Δx0| / √3
+    data = LorenzData(train=test, test=test, lyapunov=2.0)
+    got = persistence_baseline(cfg, data, torch.ones(3))
+    assert got["baseline/persistence_vpt"] == pytest.approx(1 * 0.1 * 2.0)  # valid up to t = 1 step
+    one_step = np.sqrt(np.mean(np.array([0.3, 0.3, 0.6]) ** 2))  # steps 0->1, 1->2, 2->3 in NRMSE units
+    assert got["baseline/persistence_one_step_nrmse"] == pytest.approx(one_step, rel=1e-6)
+
+
 def test_summarize_writes_a_table_and_a_plot() -> None:
     files = summarize(_fake_rows())
-    assert set(files) == {"sna_lorenz.csv", "vpt.png"} and files["vpt.png"].startswith(PNG)
+    assert set(files) == {"sna_lorenz.csv", "vpt.png", "sna_lorenz.md"} and files["vpt.png"].startswith(PNG)
     table = list(csv.DictReader(io.StringIO(files["sna_lorenz.csv"].decode())))
     assert len(table) == 8 and table[0]["vpt"] == "1.0" and "steps" not in table[0]
+    md = files["sna_lorenz.md"].decode()
+    assert "| lorenz63 | CP, mlp factors | 8 | 2 | 1.500 | ± 6.353 | — | no baseline |" in md
+    # VPT 1 and 2 (rank 8): 1.5 - 12.706 x 0.707 / √2 is not above 0.5; two seeds leave the interval wide, so
+    # 4 and 5 (rank 32) are not either
+    based = [{**r, "baseline_persistence_vpt": 0.5, "baseline_persistence_one_step_nrmse": 0.05} for r in _fake_rows()]
+    md = summarize(based)["sna_lorenz.md"].decode()
+    assert "| lorenz63 | CP, mlp factors | 8 | 2 | 1.500 | ± 6.353 | 0.500 | not learned |" in md
+    assert "| lorenz63 | CP, mlp factors | 32 | 2 | 4.500 | ± 6.353 | 0.500 | not learned |" in md
+    md = summarize([r for r in based if r["seed"] == 1])["sna_lorenz.md"].decode()
+    assert "| lorenz63 | CP, mlp factors | 8 | 1 | 2.000 | n = 1 | 0.500 | n = 1 |" in md
     with pytest.raises(ValueError, match="got no rows"):
         summarize([])
     with pytest.raises(ValueError, match="rows lack vpt"):

@@ -3,7 +3,9 @@ MNIST from generated IDX files, prototype pictures, and the two sweep files (res
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import torch
 from pydantic import TypeAdapter, ValidationError
 
 from jobs.config import field_docs
-from jobs.data.images import write_mnist_idx
+from jobs.data.images import load_images, write_mnist_idx
 from jobs.layers.image_heads import ImageClassifier
 from jobs.layers.tversky import TverskyProjection
 from jobs.registry import get_task
@@ -47,7 +49,9 @@ def _initial(cfg: ImageConfig) -> dict[str, torch.Tensor]:
 
 def test_registered() -> None:
     assert get_task("tversky.image") is TASK
-    assert dict(TASK.metrics) == {"test/accuracy": "max", "test/loss": "min", "train/loss": "min"}
+    assert dict(TASK.metrics) == {
+        "test/accuracy": "max", "test/loss": "min", "train/loss": "min", "baseline/majority": "max",
+    }  # fmt: skip
     cfg = ImageConfig(image_size=16)
     x = example_input(cfg)
     assert x.dtype == torch.float32 and x.shape == (2, 1, 16, 16)
@@ -103,8 +107,15 @@ def test_tiny_run_takes_optimizer_steps(head: str) -> None:
     initial = _initial(cfg)
     session = _run(cfg)
     (last,) = session.history
-    assert set(last) == {"train/loss", "test/accuracy", "test/loss", "epoch", "params/total", "params/head", "table"}
+    assert set(last) == {"train/loss", "test/accuracy", "test/loss", "epoch", "params/total", "params/head", "table",
+                         "baseline/majority"}  # fmt: skip
     assert last["epoch"] == 1 and 0.0 <= last["test/accuracy"] <= 1.0 and np.isfinite(last["train/loss"])
+    # the majority baseline, by hand: the most frequent of the 48 training digits, its share of the 32 test ones
+    data = load_images("digits", cfg.data_dir, False, 48, 32)
+    train_counts = np.bincount(data.train_labels.numpy())
+    majority = int(np.flatnonzero(train_counts == train_counts.max())[0])
+    assert last["baseline/majority"] == pytest.approx(float((data.test_labels.numpy() == majority).mean()))
+    assert last["table"][0]["baseline_majority"] == last["baseline/majority"]
     model = build_model(cfg)
     assert last["params/total"] == sum(p.numel() for p in model.parameters())
     assert last["params/head"] == sum(p.numel() for p in model.head.parameters()) < last["params/total"]
@@ -243,3 +254,22 @@ def test_pixel_heads_draw_their_weights_in_input_space() -> None:
     assert files["input_space.png"].startswith(b"\x89PNG")
     assert "head on pixels" in files["accuracy.md"].decode()
     assert files["accuracy.csv"].decode().splitlines()[0].startswith("dataset,backbone,freeze_backbone")
+
+
+def test_summary_labels_a_head_that_does_not_beat_the_majority_class() -> None:
+    base = {"dataset": "digits", "backbone": "resnet18", "freeze_backbone": False, "pretrain_epochs": 0,
+            "pretrain_classes": 10, "image_size": 16, "params_head": 5130, "params_total": 11e6,
+            "baseline_majority": 0.2}  # fmt: skip
+    rows = [
+        *({**base, "head": "linear", "seed": s, "test_accuracy": a} for s, a in enumerate((0.9, 0.92, 0.94))),
+        # 0.1, 0.3, 0.35: mean 25 % - t_0.975,2 (4.303) x 13.2 / √3 = 25 - 32.8 is not above 20 %
+        *({**base, "head": "tversky", "seed": s, "test_accuracy": a} for s, a in enumerate((0.1, 0.3, 0.35))),
+    ]
+    files = summarize(rows)
+    md = files["accuracy.md"].decode()
+    assert "| 92.00 ± 2.00 (n=3) | 25.00 ± 13.23 (n=3) **not learned** | 20.00 |" in md
+    linear, tversky = csv.DictReader(io.StringIO(files["accuracy.csv"].decode()))
+    assert (linear["baseline_majority"], linear["versus_baseline"], linear["half_95"]) == ("20.0", "", "4.968")
+    assert (tversky["baseline_majority"], tversky["versus_baseline"]) == ("20.0", "not learned")
+    (one,) = csv.DictReader(io.StringIO(summarize([{**rows[0], "test_accuracy": 0.15}])["accuracy.csv"].decode()))
+    assert one["versus_baseline"] == "not learned, n = 1"  # one seed: no interval; 15 % is not above 20 %

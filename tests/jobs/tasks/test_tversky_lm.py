@@ -14,9 +14,11 @@ import torch
 import torch.distributed as dist
 from pydantic import TypeAdapter, ValidationError
 
+from jobs.baselines import unigram_nll
 from jobs.config import field_docs
+from jobs.data.text import load_text
 from jobs.layers.gpt import GPT
-from jobs.lm_loop import get_lr
+from jobs.lm_loop import get_lr, validation_windows
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
 from jobs.tasks.tversky_lm import PAPER_ROWS, TASK, LmConfig, build_model, example_input, summarize, train
@@ -49,7 +51,10 @@ def _run(cfg: LmConfig, session: LocalSession | None = None) -> LocalSession:
 
 def test_registered() -> None:
     assert get_task("tversky.lm") is TASK
-    assert dict(TASK.metrics) == {"val/perplexity": "min", "val/loss": "min", "train/loss": "min"}
+    assert dict(TASK.metrics) == {
+        "val/perplexity": "min", "val/loss": "min", "train/loss": "min", "baseline/unigram_ppl": "min",
+        "baseline/bigram_ppl": "min",
+    }  # fmt: skip
     cfg = LmConfig()
     x = example_input(cfg)
     assert x.dtype == torch.long and x.shape == (1, 8) and int(x.max()) < cfg.vocab_size
@@ -113,8 +118,17 @@ def test_tiny_run_takes_optimizer_steps(lm_head: str, attn_proj: str) -> None:
     assert [h["step"] for h in history] == [15, 30]
     first, last = history
     params = {"params/total", "params/embedding", "params/bank", "params/gpt2_vocab"}
-    assert set(last) == {"val/loss", "val/perplexity", "train/loss", "step", "tokens_per_s", "table", *params}
+    baselines = {"baseline/unigram_ppl", "baseline/bigram_ppl"}
+    assert set(last) == {"val/loss", "val/perplexity", "train/loss", "step", "tokens_per_s", "table", *params,
+                         *baselines}  # fmt: skip
+    assert baselines <= set(TASK.metrics) and all(TASK.metrics[k] == "min" for k in baselines)
     assert last["val/perplexity"] == pytest.approx(math.exp(last["val/loss"]))
+    # the baselines read the data alone: the same at every report, and scored on the windows val/loss uses
+    data = load_text(cfg.corpus, cfg.vocab_size)
+    windows = validation_windows(cfg, data.valid)
+    unigram = unigram_nll(data.train, windows[:, 1:].reshape(-1), cfg.vocab_size)
+    assert first["baseline/unigram_ppl"] == last["baseline/unigram_ppl"] == pytest.approx(math.exp(unigram))
+    assert 1 < last["baseline/bigram_ppl"] < last["baseline/unigram_ppl"] < cfg.vocab_size, last
     assert last["params/total"] == initial.num_params() and last["tokens_per_s"] > 0
     assert last["table"] == [
         {
@@ -128,6 +142,8 @@ def test_tiny_run_takes_optimizer_steps(lm_head: str, attn_proj: str) -> None:
             "perplexity": last["val/perplexity"],
             "params": last["params/total"],
             "params_gpt2_vocab": last["params/gpt2_vocab"],
+            "baseline_unigram_ppl": last["baseline/unigram_ppl"],
+            "baseline_bigram_ppl": last["baseline/bigram_ppl"],
         }
     ]
     assert first["val/loss"] < math.log(cfg.vocab_size), first  # better than uniform over the vocabulary
@@ -293,18 +309,29 @@ def test_summarize_puts_perplexity_and_parameters_side_by_side() -> None:
     ]  # fmt: skip
     files = summarize(rows)
     md = files["lm_summary.md"].decode()
-    assert "| linear | linear | True | word | - | 2 | 400 | 233.00 ± 4.24 | 232,192 | 124,439,808 " in md
-    assert "| from scratch, tied: 112.81, 124.44M |" in md
-    assert "| tversky | tversky | True | word | - | 1 | 400 | 283.00 | 240,265 | 137,013,543 " in md
-    assert "| from scratch, tied: 103.99, 81.14M |" in md
+    # rows from before the baselines: no baseline to compare with
+    assert "| linear | linear | True | word | - | 2 | 400 | 233.00 ± 4.24 | ± 38.12 | — | no baseline | " in md
+    assert "| 232,192 | 124,439,808 | from scratch, tied: 112.81, 124.44M |" in md
+    assert "| tversky | tversky | True | word | - | 1 | 400 | 283.00 | n = 1 | — | no baseline | " in md
+    assert "| 240,265 | 137,013,543 | from scratch, tied: 103.99, 81.14M |" in md
     assert files["lm_trials.csv"].decode().splitlines()[0] == (
-        "lm_head,attn_proj,tied,tokenizer,vocab_size,seed,step,perplexity,params,params_gpt2_vocab"
+        "lm_head,attn_proj,tied,tokenizer,vocab_size,seed,step,perplexity,params,params_gpt2_vocab,"
+        "baseline_unigram_ppl,baseline_bigram_ppl"
     )
     # a trial's rows from several reports count once, at its last step; tokenisers are separate arms
     bpe = {**rows[2], "tokenizer": "bpe", "vocab_size": 2000}
     md = summarize([*rows, {**bpe, "step": 200, "perplexity": 999.0}, bpe])["lm_summary.md"].decode()
     assert "| tversky | tversky | True | word | - | 1 | 400 | 283.00 |" in md
     assert "| tversky | tversky | True | bpe | 2000 | 1 | 400 | 283.00 |" in md
+    # "not learned": the mean + its 95% t interval (t_0.975,1 = 12.706 x 4.243 / √2 = 38.12) is not below the
+    # unigram's; one seed has no interval and must only be below it
+    based = [{**r, "baseline_unigram_ppl": 260.0, "baseline_bigram_ppl": 120.0} for r in rows]
+    md = summarize(based)["lm_summary.md"].decode()
+    assert "| 233.00 ± 4.24 | ± 38.12 | 260.00 / 120.00 | not learned |" in md  # 271.12 >= 260
+    assert "| 283.00 | n = 1 | 260.00 / 120.00 | not learned, n = 1 |" in md
+    md = summarize([{**r, "baseline_unigram_ppl": 300.0} for r in based])["lm_summary.md"].decode()
+    assert "| 233.00 ± 4.24 | ± 38.12 | 300.00 / 120.00 | learned |" in md  # 271.12 < 300
+    assert "| 283.00 | n = 1 | 300.00 / 120.00 | n = 1 |" in md  # 283 < 300, one seed
     with pytest.raises(ValueError, match="^summarize: rows lack params"):
         summarize([{k: v for k, v in rows[0].items() if k != "params"}])
 
