@@ -78,15 +78,14 @@ def t_quantile(df: float) -> float:
 
 
 def estimate(values: Sequence[float], trials: Sequence[str] = ()) -> Estimate:
-    """Mean and 95% t interval of the finite `values` (NaN when there are none; half NaN below 2)."""
+    """Mean and 95% t interval of the finite `values` (jobs.stats.t_interval: the rule the tasks' own summaries
+    label rows with); NaN when there are none, half NaN below 2."""
+    from jobs.stats import t_interval
+
     pairs = [(float(v), t) for v, t in zip(values, trials or [""] * len(values), strict=True) if math.isfinite(v)]
     xs = [v for v, _ in pairs]
-    n = len(xs)
-    if n == 0:
-        return Estimate(math.nan, math.nan, 0, math.nan, (), ())
-    mean = statistics.fmean(xs)
+    mean, half, n = t_interval(xs)
     std = statistics.stdev(xs) if n >= 2 else math.nan
-    half = t_quantile(n - 1) * std / math.sqrt(n) if n >= 2 else math.nan
     return Estimate(mean, half, n, std, tuple(xs), tuple(t for _, t in pairs))
 
 
@@ -104,10 +103,11 @@ def welch(a: Estimate, b: Estimate) -> tuple[float, float]:
 
 
 def beats(e: Estimate, baseline: float, mode: str) -> bool:
-    """The estimate beats the baseline by more than its interval (rule 3)."""
-    if not math.isfinite(baseline):
-        return True  # no baseline to beat: the claim file shows it as missing
-    return e.low > baseline if mode == "max" else e.high < baseline
+    """The estimate beats the baseline by more than its interval (rule 3; jobs.stats.beats_baseline, which
+    the tasks' summaries use too). No baseline (NaN): beaten, and the claims file shows it missing."""
+    from jobs.stats import beats_baseline
+
+    return beats_baseline(e.values, baseline, mode)
 
 
 def verdict_value(e: Estimate, baseline: float, mode: str, paper: float | None, tolerance: float) -> tuple[str, str]:
