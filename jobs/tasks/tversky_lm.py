@@ -244,7 +244,7 @@ def train(cfg: LmConfig, session: Session) -> None:
 
 ARM_KEYS = ("lm_head", "attn_proj", "tied")
 ROW_COLUMNS = (
-    *ARM_KEYS, "tokenizer", "vocab_size", "seed", "step", "perplexity", "params", "params_gpt2_vocab",
+    *ARM_KEYS, "normalize", "tokenizer", "vocab_size", "seed", "step", "perplexity", "params", "params_gpt2_vocab",
     "baseline_unigram_ppl", "baseline_bigram_ppl",
 )  # fmt: skip
 
@@ -254,6 +254,7 @@ def _row(cfg: LmConfig, metrics: dict[str, Any]) -> dict[str, Any]:
         "lm_head": cfg.lm_head,
         "attn_proj": cfg.attn_proj,
         "tied": is_tied(cfg),
+        "normalize": cfg.normalize,  # read by Tversky layers only; a linear arm's twin rows are identical runs
         "tokenizer": "gpt2-bpe" if cfg.bpe_files is not None else cfg.tokenizer,  # GPT-2's BPE, or trained
         "vocab_size": cfg.vocab_size,
         "seed": cfg.seed,
@@ -274,10 +275,16 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     check_rows(rows, ("lm_head", "attn_proj", "tied", "seed", "step", "perplexity", "params"), "tversky.lm")
     last: dict[tuple[Any, ...], dict[str, Any]] = {}  # a trial's last report: its rows come one per eval
     for r in rows:
-        trial = (*(r[k] for k in ARM_KEYS), r.get("tokenizer", "word"), r.get("vocab_size"), r["seed"])
+        trial = (
+            *(r[k] for k in ARM_KEYS),
+            r.get("tokenizer", "word"),
+            r.get("vocab_size"),
+            r.get("normalize"),
+            r["seed"],
+        )
         if trial not in last or int(r["step"]) >= int(last[trial]["step"]):
             last[trial] = r
-    arms = group_rows(last.values(), (*ARM_KEYS, "tokenizer", "vocab_size"))
+    arms = group_rows(last.values(), (*ARM_KEYS, "tokenizer", "vocab_size", "normalize"))
     lines = []
     for key in sorted(arms, key=lambda k: (not k[2], k[0] != "linear", k[1] != "linear", str(k))):
         trials = arms[key]
@@ -289,13 +296,14 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
         unigram, bigram = (_baseline(trials, f"baseline_{name}_ppl") for name in ("unigram", "bigram"))
         learned = versus_baseline(ppl, unigram, "min") if math.isfinite(unigram) else "no baseline"
         lines.append(
-            [*key[:3], key[3] or "word", key[4] or "-", len(trials), "/".join(map(str, steps)),
+            [*key[:3], "-" if key[5] is None else key[5], key[3] or "word", key[4] or "-", len(trials),
+             "/".join(map(str, steps)),
              f"{statistics.mean(ppl):.2f}{spread}", _ci(ppl),
              f"{unigram:.2f} / {bigram:.2f}" if math.isfinite(unigram) else "—", learned or "learned",
              f"{int(trials[0]['params']):,}", f"{int(gpt2):,}" if gpt2 is not None else "-", paper or "-"]
         )  # fmt: skip
     header = [
-        "lm_head", "attn_proj", "tied", "tokenizer", "vocab", "seeds", "steps", "val perplexity", "95% CI",
+        "lm_head", "attn_proj", "tied", "normalize", "tokenizer", "vocab", "seeds", "steps", "val perplexity", "95% CI",
         "unigram / bigram ppl", "vs unigram", "params", "params at GPT-2 vocab", "paper: row, ppl, params",
     ]  # fmt: skip
     note = (

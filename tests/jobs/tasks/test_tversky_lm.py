@@ -135,6 +135,7 @@ def test_tiny_run_takes_optimizer_steps(lm_head: str, attn_proj: str) -> None:
             "lm_head": lm_head,
             "attn_proj": attn_proj,
             "tied": True,
+            "normalize": cfg.normalize,
             "tokenizer": "word",
             "vocab_size": 300,
             "seed": 0,
@@ -310,19 +311,24 @@ def test_summarize_puts_perplexity_and_parameters_side_by_side() -> None:
     files = summarize(rows)
     md = files["lm_summary.md"].decode()
     # rows from before the baselines: no baseline to compare with
-    assert "| linear | linear | True | word | - | 2 | 400 | 233.00 ± 4.24 | ± 38.12 | — | no baseline | " in md
+    assert "| linear | linear | True | - | word | - | 2 | 400 | 233.00 ± 4.24 | ± 38.12 | — | no baseline | " in md
     assert "| 232,192 | 124,439,808 | from scratch, tied: 112.81, 124.44M |" in md
-    assert "| tversky | tversky | True | word | - | 1 | 400 | 283.00 | n = 1 | — | no baseline | " in md
+    assert "| tversky | tversky | True | - | word | - | 1 | 400 | 283.00 | n = 1 | — | no baseline | " in md
     assert "| 240,265 | 137,013,543 | from scratch, tied: 103.99, 81.14M |" in md
     assert files["lm_trials.csv"].decode().splitlines()[0] == (
-        "lm_head,attn_proj,tied,tokenizer,vocab_size,seed,step,perplexity,params,params_gpt2_vocab,"
+        "lm_head,attn_proj,tied,normalize,tokenizer,vocab_size,seed,step,perplexity,params,params_gpt2_vocab,"
         "baseline_unigram_ppl,baseline_bigram_ppl"
     )
     # a trial's rows from several reports count once, at its last step; tokenisers are separate arms
     bpe = {**rows[2], "tokenizer": "bpe", "vocab_size": 2000}
     md = summarize([*rows, {**bpe, "step": 200, "perplexity": 999.0}, bpe])["lm_summary.md"].decode()
-    assert "| tversky | tversky | True | word | - | 1 | 400 | 283.00 |" in md
-    assert "| tversky | tversky | True | bpe | 2000 | 1 | 400 | 283.00 |" in md
+    assert "| tversky | tversky | True | - | word | - | 1 | 400 | 283.00 |" in md
+    assert "| tversky | tversky | True | - | bpe | 2000 | 1 | 400 | 283.00 |" in md
+    # normalize is an arm of its own (sweeps/tversky_lm_bpe.yaml sweeps it)
+    arms = [{**r, "normalize": r["seed"] == 0} for r in rows]
+    md = summarize(arms)["lm_summary.md"].decode()
+    assert "| linear | linear | True | True | word | - | 1 | 400 | 230.00 |" in md
+    assert "| linear | linear | True | False | word | - | 1 | 400 | 236.00 |" in md
     # "not learned": the mean + its 95% t interval (t_0.975,1 = 12.706 x 4.243 / √2 = 38.12) is not below the
     # unigram's; one seed has no interval and must only be below it
     based = [{**r, "baseline_unigram_ppl": 260.0, "baseline_bigram_ppl": 120.0} for r in rows]
