@@ -150,6 +150,15 @@ def _split(tokens: list[str], symbols: Sequence[str]) -> list[Tree]:
     return [parse_prefix(p, STEP_ARITY, symbols) for p in parts]
 
 
+def constant_trace(tokens: Sequence[str], value: bool) -> list[str]:
+    """The trivial baseline's witness: the lasso on which every AP of the formula is `value` at every step,
+    `{ & & ! a ! b ! c }` (always false) or `{ & & a b c }` (always true): one step, the cycle, fixing every AP
+    (`{ 1 }` would stand for every word, not one). A formula without APs gets `{ 1 }`."""
+    literals = [[a] if value else ["!", a] for a in formula_aps(tokens)]
+    step = ["&"] * (len(literals) - 1) + [t for lit in literals for t in lit] if literals else ["1"]
+    return ["{", *step, "}"]
+
+
 def to_spot_word(prefix: Sequence[Tree], cycle: Sequence[Tree]) -> str:
     """spot.parse_word syntax: `s1; s2; cycle{c1; c2}`."""
     head = "".join(f"{to_spot(s)}; " for s in prefix)

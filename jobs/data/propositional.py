@@ -125,6 +125,12 @@ def assignment_tokens(assignment: Mapping[str, bool]) -> list[str]:
     return [t for v, b in assignment.items() for t in (v, "1" if b else "0")]
 
 
+def constant_assignment(tokens: Sequence[str], value: bool) -> list[str]:
+    """The trivial baseline's witness: every variable of the formula set to `value` (`a 0 b 0`), in order of
+    first appearance; it reads nothing but the formula's names."""
+    return assignment_tokens(dict.fromkeys(formula_variables(tokens), value))
+
+
 def parse_assignment(tokens: Sequence[str]) -> dict[str, bool]:
     """`a 1 b 0` -> {a: True, b: False}; ParseError if not (name, 0|1) pairs or a variable repeats."""
     if len(tokens) % 2:

@@ -4,9 +4,10 @@ LTLRandom35 experiment (models.md B), sized down for a CPU by default.
 Data (jobs/data/ltl.py, needs spot: `pip install spottl`): satisfiable LTL formulas in prefix notation over
 up to 5 atomic propositions, size <= 35, each with a lasso trace from spot (`& a ! b ; { c }`); traces longer
 than `max_trace_tokens` are left out. Predictions are checked with spot (the trace's language must be
-included in the formula's; jobs/data/checkers.py). Everything else (variants, training, Correct / Exact /
-alpha-covariance, checkpoints, the report) is symbolic.prop's: see jobs/tasks/symbolic_prop.py. The
-`derived` and `target_order` fields are propositional only and ignored here.
+included in the formula's; jobs/data/checkers.py). The trivial baselines' witnesses are the one-step lassos on
+which every AP is always false (`{ & ! a ! b }`) or always true (`{ & a b }`), checked the same way. Everything
+else (variants, training, Correct / Exact / alpha-covariance, checkpoints, the report) is symbolic.prop's: see
+jobs/tasks/symbolic_prop.py. The `derived` and `target_order` fields are propositional only and ignored here.
 
 SIT's released LTL run turns decoder aggregation off (`--no-dec-agg`, variant "-DA"): on LTL the bottleneck is
 temporal reasoning, not relations between APs (models.md B.2).
@@ -63,6 +64,7 @@ LTL = SymbolicData(
     arity=ltl.ARITY,
     generate=_generate_ltl,
     check=check_trace,
+    constant=ltl.constant_trace,
     max_target_tokens=lambda cfg: cfg.max_trace_tokens,
     examples=(("U", "a", "X", "b"), ("&", "a", "X", "!", "b")),
     pool=ltl.APS,

@@ -22,15 +22,23 @@ settings, models.md B.3). Every `eval_every` steps, all decoded by beam search (
   symbols, up to `grid_per_cell` formulas a cell, drawn over the pool's first grid_max_symbols names apart
   from training, as the paper's 10-AP set; with `grid_names="unseen"` every name is one never seen in
   training, drawn from the pool beyond the first `num_symbols`): Correct per cell, `heatmap_accuracy` =
-  the mean over non-empty cells, `open_vocab_correct` = Correct over the grid's formulas with more symbols
-  than training had. heatmap.png and heatmap.csv per trial (last report).
+  Correct pooled over all the grid's formulas (correct / count, the paper's eval2da.py), the mean over
+  non-empty cells as `heatmap_accuracy_cells`, `open_vocab_correct` = Correct over the grid's formulas with
+  more symbols than training had. heatmap.png and heatmap.csv per trial (last report).
 - Alpha-covariance at 3, 4 and 5 symbols on up to `alpha_examples` formulas per count (a set of its own
-  from the training distribution, apart from training), each under `max_renamings` random renamings into
-  the whole name pool a..z, identity first (ITE's resymbolize_eval; jobs/data/symbolic_metrics.py).
+  from the training distribution, apart from training; jobs/data/symbolic_metrics.py). `alpha_cov_n`, the
+  paper's protocol (resymbolize_eval.py): every injective map of the formula's names into the data set's own
+  names (a..e at 5 symbols: m = 60 / 120 / 120 renamings at n = 3 / 4 / 5), at most `alpha_permutations` of
+  them. `alpha_cov_pool_n`: `max_renamings` random renamings into the whole name pool a..z, identity first.
+- Trivial baselines that read nothing (`baseline/*`, once per run): the share of formulas a constant witness
+  satisfies (every variable / AP false; every one true; the per-formula better of the two, `constant_best`),
+  checked like the predictions, on the test set (beside Correct), the grid's formulas with more symbols than
+  training (`baseline/open_vocab_*`) and the whole grid, pooled (`baseline/heatmap_*`).
 
 `summarize` builds the parent run's report: per variant, mean ± std over seeds of every score beside the
-paper's number (report.md, report.csv), one line per trial (trials.csv), and the heatmaps averaged over
-seeds (heatmap.png, a panel per variant, and heatmap.csv).
+paper's number and the trivial baselines, a variant labelled **not learned** where its Correct does not beat
+the constant best by more than its 95% t-interval over seeds (report.md, report.csv), one line per trial
+(trials.csv), and the heatmaps averaged over seeds (heatmap.png, a panel per variant, and heatmap.csv).
 
 The registered model (`build_model`) is `PackedSymbolic`: the transformer behind a one-tensor interface,
 since the registry infers a signature from `model(example_input)`. Its input is a float tensor [B, S, 2] of
@@ -51,6 +59,7 @@ import json
 import math
 import random
 import statistics
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -78,10 +87,11 @@ from jobs.data.symbolic import (
     make_example,
     rename,
 )
-from jobs.data.symbolic_metrics import alpha_covariance_by_count, correct_rate, exact_rate
+from jobs.data.symbolic_metrics import alpha_covariance_by_count, constant_baselines, correct_rate, exact_rate
 from jobs.layers.symbolic_transformer import SymbolicModelConfig, SymbolInvariantTransformer, parse_ablation
 from jobs.registry import Task
 from jobs.runtime import Session
+from jobs.stats import t_interval
 from jobs.tables import TableRows
 
 BASELINES = ("fixed", "fixed_rank", "random")
@@ -148,10 +158,16 @@ class SymbolicConfig:
     """Beam width of the evaluation decoding (SIT: 3)."""
     alpha_examples: Annotated[int, at.Ge(0)] = 100
     """Formulas per symbol count (3, 4, 5) for alpha-covariance (the issue: >= 100), each run under
-    `max_renamings` renamings into the name pool; generated apart from training. 0 skips it (NaN)."""
+    `alpha_permutations` renamings within the data set's names (alpha_cov_n) and `max_renamings` into the
+    name pool (alpha_cov_pool_n); generated apart from training. 0 skips both (NaN)."""
+    alpha_permutations: Annotated[int, at.Ge(2)] = 120
+    """alpha_cov_n (the paper's protocol): at most this many renamings per formula of the P(num_symbols, n)
+    injective maps of its n names into the data set's own names (a..e at 5: 60 at n = 3, 120 at 4 and 5).
+    120 runs all of them up to 5 symbols, the paper's m; a lower cap runs the identity and a seeded sample
+    (cheaper, but alpha-cov depends on m: not the paper's number; the report says which ran)."""
     max_renamings: Annotated[int, at.Ge(2)] = 120
-    """Renamings per formula for alpha-covariance, the identity and a seeded sample of maps into the pool
-    a..z (ITE: --max-perm 120)."""
+    """alpha_cov_pool_n (not the paper's protocol): renamings per formula, the identity and a seeded sample of
+    maps into the whole pool a..z (ITE: --max-perm 120), names never trained among them."""
     grid_max_symbols: Annotated[int, at.Ge(1), at.Le(26)] = 10
     """Open-vocabulary heatmap: symbol counts 1..this (the paper's 10-AP evaluation after training on 5)."""
     grid_size_bin: Annotated[int, at.Ge(1)] = 5
@@ -201,6 +217,8 @@ class SymbolicData:
     """generate(cfg, count, seed): the data set, in a deterministic order."""
     check: Callable[[Sequence[str], Sequence[str], Sequence[str]], Outcome]
     """check(formula, prediction, target)."""
+    constant: Callable[[Sequence[str], bool], list[str]]
+    """constant(formula, value): the trivial baseline's witness, every variable / AP of the formula `value`."""
     max_target_tokens: Callable[[SymbolicConfig], int]
     examples: tuple[tuple[str, ...], ...]
     """Two hand-written formulas for example_input."""
@@ -261,21 +279,29 @@ PROP = SymbolicData(
     arity=propositional.ARITY,
     generate=_generate_prop,
     check=check_assignment,
+    constant=propositional.constant_assignment,
     max_target_tokens=lambda cfg: 2 * cfg.num_symbols,  # one (variable, value) pair per variable at most
     examples=(("&", "a", "!", "b"), ("xor", "a", "<->", "b", "c")),
     pool=propositional.VARIABLES,
     paper=PAPER_PROP,
 )
 
+ALPHA_KEYS = tuple(f"alpha_cov_{p}{n}" for p in ("", "pool_") for n in ALPHA_COUNTS)
+BASELINE_KEYS = tuple(
+    f"baseline/{part}{k}"
+    for part in ("", "open_vocab_", "heatmap_")
+    for k in ("all_false", "all_true", "constant_best")
+)
+"""The trivial baselines: on the test set, the grid's formulas with more symbols than training, the whole grid."""
 METRICS = {
     "correct": "max",
     "exact": "max",
     "exact_paper": "max",
     "heatmap_accuracy": "max",
+    "heatmap_accuracy_cells": "max",
     "open_vocab_correct": "max",
-    "alpha_cov_3": "max",
-    "alpha_cov_4": "max",
-    "alpha_cov_5": "max",
+    **dict.fromkeys(ALPHA_KEYS, "max"),
+    **dict.fromkeys(BASELINE_KEYS, "max"),
     "train/loss": "min",
 }
 
@@ -474,6 +500,8 @@ class EvalSets:
     test: list[SymbolicExample]
     grid: list[tuple[int, int, SymbolicExample]]
     alpha: list[SymbolicExample]
+    baselines: dict[str, float] = dataclasses.field(default_factory=dict)
+    """baseline/* scores, filled by the first evaluate (they read nothing: the same at every evaluation)."""
 
 
 Cell = list[float]
@@ -492,17 +520,47 @@ def heatmap_cells(
     ]  # fmt: skip
 
 
+def baseline_scores(cfg: SymbolicConfig, sets: EvalSets, data: SymbolicData) -> dict[str, float]:
+    """baseline/* (module docstring): the constant witnesses' Correct on the test set, on the grid's formulas
+    with more symbols than training and on the whole grid (pooled, as heatmap_accuracy); NaN where empty."""
+    parts = {
+        "": sets.test,
+        "open_vocab_": [ex for n, _, ex in sets.grid if n > cfg.num_symbols],
+        "heatmap_": [ex for _, _, ex in sets.grid],
+    }
+    checked: dict[tuple[tuple[str, ...], tuple[str, ...]], Outcome] = {}
+
+    def check(formula: Sequence[str], witness: Sequence[str], target: Sequence[str]) -> Outcome:
+        """data.check, once per (formula, witness): the open-vocabulary formulas are in the grid too (spot)."""
+        key = (tuple(formula), tuple(witness))
+        if key not in checked:
+            checked[key] = data.check(formula, witness, target)
+        return checked[key]
+
+    return {
+        f"baseline/{part}{k}": v
+        for part, examples in parts.items()
+        for k, v in constant_baselines(examples, data.constant, check).items()
+    }
+
+
 def evaluate(
     model: SymbolInvariantTransformer, sets: EvalSets, data: SymbolicData, cfg: SymbolicConfig, device: torch.device,
 ) -> tuple[dict[str, Any], list[list[str]], list[Outcome]]:  # fmt: skip
-    """Correct / Exact / exact_paper / outcome rates on the test set, the heatmap on the grid set and
-    alpha-covariance per symbol count (module docstring). metrics["heatmap"] holds the cells."""
+    """Correct / Exact / exact_paper / outcome rates on the test set, the heatmap on the grid set,
+    alpha-covariance per symbol count under both protocols and the trivial baselines (module docstring).
+    metrics["heatmap"] holds the cells."""
     was_training = model.training
     model.eval()
     max_tokens = data.max_target_tokens(cfg)
+    cache: dict[tuple[str, ...], list[str]] = {}
 
     def run(xs: Sequence[SymbolicExample]) -> list[list[str]]:
-        return predict(model, xs, data.vocab, cfg, max_tokens, device, data.pool)
+        """Predictions, every distinct input decoded once an evaluation (both alpha protocols hold the identity)."""
+        todo = list({tuple(x.src): x for x in xs if tuple(x.src) not in cache}.values())
+        new = predict(model, todo, data.vocab, cfg, max_tokens, device, data.pool)
+        cache.update(zip((tuple(x.src) for x in todo), new, strict=True))
+        return [cache[tuple(x.src)] for x in xs]
 
     test = sets.test
     predictions = run(test)
@@ -521,16 +579,27 @@ def evaluate(
             for (_, _, ex), p in zip(sets.grid, run([g[2] for g in sets.grid]), strict=True)
         ]
         cells = heatmap_cells(cfg, sets.grid, grid_outcomes)
-        metrics["heatmap_accuracy"] = statistics.fmean(c[4] for c in cells)
+        metrics["heatmap_accuracy"] = correct_rate(grid_outcomes)  # pooled: correct / count (eval2da.py)
+        metrics["heatmap_accuracy_cells"] = statistics.fmean(c[4] for c in cells)
         beyond = [o for (n, _, _), o in zip(sets.grid, grid_outcomes, strict=True) if n > cfg.num_symbols]
         metrics["open_vocab_correct"] = correct_rate(beyond)
         metrics["heatmap"] = cells
     else:
-        metrics |= {"heatmap_accuracy": math.nan, "open_vocab_correct": math.nan, "heatmap": []}
-    alpha = alpha_covariance_by_count(
-        run, sets.alpha, ALPHA_COUNTS, cfg.alpha_examples, cfg.max_renamings, seed=cfg.data_seed, pool=data.pool
-    )
-    metrics |= {f"alpha_cov_{n}": alpha[n] for n in ALPHA_COUNTS}
+        metrics |= {
+            "heatmap_accuracy": math.nan, "heatmap_accuracy_cells": math.nan, "open_vocab_correct": math.nan,
+            "heatmap": [],
+        }  # fmt: skip
+    for prefix, pool, limit in (
+        ("", data.pool[: cfg.num_symbols], cfg.alpha_permutations),  # the data set's own names (a..e): the paper's
+        ("pool_", data.pool, cfg.max_renamings),
+    ):
+        alpha = alpha_covariance_by_count(
+            run, sets.alpha, ALPHA_COUNTS, cfg.alpha_examples, limit, seed=cfg.data_seed, pool=pool
+        )
+        metrics |= {f"alpha_cov_{prefix}{n}": alpha[n] for n in ALPHA_COUNTS}
+    if not sets.baselines:
+        sets.baselines.update(baseline_scores(cfg, sets, data))
+    metrics |= sets.baselines
     model.train(was_training)
     return metrics, predictions, outcomes
 
@@ -693,17 +762,27 @@ def run(cfg: SymbolicConfig, session: Session, data: SymbolicData) -> None:
 # --- the parent run's report (summarize is called by the worker with the rows of every trial)
 
 SCORE_COLUMNS = (
-    "correct", "exact", "exact_paper", "heatmap_accuracy", "open_vocab_correct", "alpha_cov_3", "alpha_cov_4",
-    "alpha_cov_5",
+    "correct", "exact", "exact_paper", "heatmap_accuracy", "open_vocab_correct", *ALPHA_KEYS,
 )  # fmt: skip
-SCORE_HEADS = ("Correct", "Exact", "Exact (paper targets)", "Heatmap", "Open vocab", "α-cov 3", "α-cov 4", "α-cov 5")
+SCORE_HEADS = (
+    "Correct", "Exact", "Exact (paper targets)", "Heatmap", "Open vocab", "α-cov 3", "α-cov 4", "α-cov 5",
+    "α-cov pool 3", "α-cov pool 4", "α-cov pool 5",
+)  # fmt: skip
+CSV_ONLY_COLUMNS = ("heatmap_accuracy_cells",)
+ROW_KEYS = (*SCORE_COLUMNS, *CSV_ONLY_COLUMNS, *BASELINE_KEYS, "outcome/invalid")
+"""What a trial's `table` row holds besides its config, params and heatmap cells."""
 TRIAL_KEYS = tuple(f.name for f in dataclasses.fields(SymbolicConfig))
+BASELINE_DATA_KEYS = (
+    *DATA_KEYS, "train_examples", "test_examples", "grid_max_symbols", "grid_size_bin", "grid_per_cell", "grid_names",
+)  # fmt: skip
+"""Settings that change the formulas the baselines are scored on."""
+BASELINE_ROWS = (("all_false", "all false"), ("all_true", "all true"), ("constant_best", "constant best (oracle)"))
 
 
 def _row(cfg: SymbolicConfig, scores: dict[str, Any], params: int, cells: list[Cell] | None = None) -> dict[str, Any]:
     return {
         **dataclasses.asdict(cfg),
-        **{k: scores[k] for k in (*SCORE_COLUMNS, "outcome/invalid")},
+        **{k: scores[k] for k in ROW_KEYS},
         "params": params,
         "heatmap": cells or [],
     }
@@ -718,6 +797,39 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 def _percent(mean: float, std: float) -> str:
     return "n/a" if math.isnan(mean) else f"{100 * mean:.1f} ± {100 * std:.1f}"
+
+
+def _versus_baseline(values: Sequence[float], baseline: float) -> tuple[bool | None, str]:
+    """(learned, the report's words): a variant learned only if its Correct, less the half-width of the 95%
+    t-interval of its mean over seeds (jobs.stats.t_interval, the rule of jobs.stats.beats_baseline), is above
+    the constant best; with one seed its mean (said: n = 1)."""
+    mean, half, n = t_interval(values)
+    if n == 0 or math.isnan(baseline):
+        return None, "n/a"
+    if n == 1:
+        low, how = mean, f"n = 1: {100 * mean:.1f}"
+    else:
+        low, how = mean - half, f"n = {n}: {100 * mean:.1f} − {100 * half:.1f}"
+    learned = low > baseline
+    words = "learned" if learned else "**not learned**"
+    return learned, f"{words} ({how} {'>' if learned else '≤'} {100 * baseline:.1f})"
+
+
+def _alpha_protocol(rows: Sequence[dict[str, Any]]) -> str:
+    """Which renamings alpha_cov_n ran, in words, from the rows' settings."""
+    out = []
+    for cap, v in sorted({(int(r.get("alpha_permutations", 120)), int(r.get("num_symbols", 5))) for r in rows}):
+        names = f"a..{chr(ord('a') + v - 1)}"  # the pool's first v names
+        full = {n: math.perm(v, n) for n in ALPHA_COUNTS if n <= v}
+        ms = " / ".join(str(m) for m in full.values())
+        if all(cap >= m for m in full.values()):
+            out.append(f"all P({v}, n) renamings within the data set's own names {names} (m = {ms}: the paper's)")
+        else:
+            out.append(
+                f"at most {cap} of the P({v}, n) renamings within {names} (alpha_permutations={cap}: the identity and "
+                f"a seeded sample; the paper runs all, m = {ms}, so these are not its numbers)"
+            )
+    return "; ".join(out)
 
 
 def _variant_rank(variant: str) -> tuple[int, str]:
@@ -763,22 +875,32 @@ def make_summarize(paper: PaperData) -> Callable[[list[dict[str, Any]]], dict[st
         for r in rows:
             groups.setdefault((r["variant"], *(hashable(r.get(k)) for k in setting_keys)), []).append(r)
         varying = [k for i, k in enumerate(setting_keys) if len({g[i + 1] for g in groups}) > 1]
+        data_varying = [k for k in varying if k in BASELINE_DATA_KEYS]
         summary = []
+        baselines: dict[tuple[Any, ...], dict[str, Any]] = {}  # per data setting: the baselines read nothing else
         heatmaps: list[tuple[str, list[list[float]]]] = []
         for key, members in sorted(groups.items(), key=lambda kv: (_variant_rank(kv[0][0]), str(kv[0][1:]))):
             line: dict[str, Any] = {"variant": key[0], **{k: members[0].get(k) for k in varying}}
             line["seeds"] = len(members)
-            for col in SCORE_COLUMNS:
+            for col in (*SCORE_COLUMNS, *CSV_ONLY_COLUMNS):
                 line[f"{col}_mean"], line[f"{col}_std"] = _mean_std([float(m.get(col, math.nan)) for m in members])
+            correct = [float(m.get("correct", math.nan)) for m in members]
+            line["correct_ci95"] = t_interval(correct)[1]
+            for col in BASELINE_KEYS:
+                line[col] = _mean_std([float(m.get(col, math.nan)) for m in members])[0]
+            learned, line["versus_baseline"] = _versus_baseline(correct, line["baseline/constant_best"])
+            line["learned"] = {None: "n/a", True: "yes", False: "no"}[learned]
             summary.append(line)
+            baselines.setdefault(tuple(hashable(line[k]) for k in data_varying), {**line})
             cells = _mean_cells(members)
             if cells:
                 label = " ".join([str(key[0]), *(f"{k}={members[0].get(k)}" for k in varying)])
                 heatmaps.append((label, cells))
 
         files: dict[str, bytes] = {}
-        columns = ["variant", *varying, "seeds", *(f"{c}_{s}" for c in SCORE_COLUMNS for s in ("mean", "std"))]
-        trial_columns = ["variant", "seed", *setting_keys, *SCORE_COLUMNS, "outcome/invalid", "params"]
+        stats = [f"{c}_{s}" for c in (*SCORE_COLUMNS, *CSV_ONLY_COLUMNS) for s in ("mean", "std")]
+        columns = ["variant", *varying, "seeds", *stats, "correct_ci95", "learned", *BASELINE_KEYS]
+        trial_columns = ["variant", "seed", *setting_keys, *ROW_KEYS, "params"]
         for name, cols, data in (("report.csv", columns, summary), ("trials.csv", trial_columns, rows)):
             buf = io.StringIO()
             writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
@@ -803,17 +925,36 @@ def make_summarize(paper: PaperData) -> Callable[[list[dict[str, Any]]], dict[st
             head.append(f"{title} %")
             if col in paper_cols:
                 head.append("paper")
+            if col == "correct":
+                head.append("vs. constant best")
+        pool_caps = ", ".join(str(c) for c in sorted({int(r.get("max_renamings", 120)) for r in rows}))
+        scores_text = (
+            "Ours: mean ± std over seeds (sample std; 0 for one seed), percent. Correct: a semantically valid "
+            "witness; Exact: equal to our target (renaming-consistent); Exact (paper targets): equal to the target as "
+            "the paper's data writes it; Heatmap: Correct pooled over all formulas of the open-vocabulary grid of "
+            "formula size x symbol count (correct / count, the paper's eval2da.py; the mean over cells is "
+            "heatmap_accuracy_cells in report.csv; heatmap.png); Open vocab: Correct on the grid's formulas with more "
+            "symbols than training had; α-cov n: 1 - (distinct predictions - 1) / (renamings - 1), predictions "
+            f"mapped back, over {_alpha_protocol(rows)}; α-cov pool n: the same over max_renamings = {pool_caps} "
+            "random renamings into the whole name pool a..z (not the paper's protocol; α-cov depends on m, so only "
+            "α-cov n stands beside the paper's number). Variants: paper ablations (suffix /fused: the seed's "
+            "aggregated attention), fixed = name-indexed symbol table (the paper's baseline), fixed_rank = "
+            f"rank-indexed, random = Işık et al. 2025. paper: {paper.title}."
+        )
+        baselines_text = (
+            'Baselines that read nothing (rows "baseline: ..."): the share of the test formulas (Correct column), of '
+            "the grid's formulas with more symbols than training (Open vocab) and of the whole grid, pooled (Heatmap) "
+            "that a constant witness satisfies, checked as the predictions are: every variable / AP false (LTL: at "
+            "every step), every one true, and per formula the better of the two (an oracle). vs. constant best: a "
+            "variant is **not learned** when its Correct does not beat the constant best by more than its 95% "
+            "t-interval over seeds (mean - half-width <= baseline); with one seed (n = 1) when its mean does not."
+        )
         lines = [
             "# Symbol-invariant transformer: ours beside the paper",
             "",
-            "Ours: mean ± std over seeds (sample std; 0 for one seed), percent. Correct: a semantically valid witness;",
-            "Exact: equal to our target (renaming-consistent); Exact (paper targets): equal to the target as the",
-            "paper's data writes it; Heatmap: mean Correct over the cells of formula size x symbol count on the",
-            "open-vocabulary grid (heatmap.png); Open vocab: Correct on the grid's formulas with more symbols than",
-            "training had; α-cov n: 1 - (distinct predictions - 1) / (renamings - 1) over random renamings into the",
-            "whole name pool, mapped back. Variants: paper ablations (suffix /fused: the seed's aggregated attention),",
-            "fixed = name-indexed symbol table (the paper's baseline), fixed_rank = rank-indexed, random = Işık et",
-            "al. 2025. paper: " + paper.title + ".",
+            *textwrap.wrap(scores_text, 110),
+            "",
+            *textwrap.wrap(baselines_text, 110),
             "",
             "| " + " | ".join(head) + " |",
             "|" + "---|" * len(head),
@@ -824,7 +965,25 @@ def make_summarize(paper: PaperData) -> Callable[[list[dict[str, Any]]], dict[st
                 cells_md.append(_percent(line[f"{col}_mean"], line[f"{col}_std"]))
                 if col in paper_cols:
                     cells_md.append(_paper_cell(paper, str(line["variant"]), col))
+                if col == "correct":
+                    cells_md.append(line["versus_baseline"])
             lines.append("| " + " | ".join(cells_md) + " |")
+        for base in baselines.values():
+            for kind, title in BASELINE_ROWS:
+                shown = {
+                    "correct": base[f"baseline/{kind}"],
+                    "open_vocab_correct": base[f"baseline/open_vocab_{kind}"],
+                    "heatmap_accuracy": base[f"baseline/heatmap_{kind}"],
+                }
+                cells_md = [f"baseline: {title}", *(str(base[k]) if k in data_varying else "–" for k in varying), "–"]
+                for col in SCORE_COLUMNS:
+                    value = shown.get(col)
+                    cells_md.append("–" if value is None else "n/a" if math.isnan(value) else f"{100 * value:.1f}")
+                    if col in paper_cols:
+                        cells_md.append("–")
+                    if col == "correct":
+                        cells_md.append("–")
+                lines.append("| " + " | ".join(cells_md) + " |")
         lines += ["", paper.note, ""]
         files["report.md"] = "\n".join(lines).encode()
         return files

@@ -39,6 +39,12 @@ def test_tiny_ltl_run_reports_every_metric() -> None:
         assert set(METRICS) <= set(h) and 0 <= h["exact"] <= h["correct"] <= 1
         assert math.isclose(sum(h[f"outcome/{o}"] for o in ("exact", "correct", "incorrect", "invalid")), 1)
         assert all(math.isnan(h[f"alpha_cov_{n}"]) or h[f"alpha_cov_{n}"] == 1.0 for n in (3, 4, 5))
+        assert all(math.isnan(h[f"alpha_cov_pool_{n}"]) or h[f"alpha_cov_pool_{n}"] == 1.0 for n in (3, 4, 5))
+        # the constant traces, checked with spot: on the test set and the grid (no grid formula has more APs than
+        # training here: grid_max_symbols 3 < 5, so the open-vocabulary baselines are NaN, as open_vocab_correct)
+        assert 0 <= h["baseline/all_false"] <= h["baseline/constant_best"] <= 1
+        assert 0 <= h["baseline/all_true"] <= h["baseline/constant_best"] <= 1
+        assert 0 <= h["baseline/heatmap_constant_best"] <= 1 and math.isnan(h["baseline/open_vocab_constant_best"])
         assert math.isnan(h["exact_paper"]) and 0 <= h["heatmap_accuracy"] <= 1  # no paper targets for LTL
     assert session.history[-1]["table"][0]["correct"] == session.history[-1]["correct"]
     assert b"| formula | target | prediction | outcome |" in session.artifacts["predictions.md"]
@@ -46,3 +52,4 @@ def test_tiny_ltl_run_reports_every_metric() -> None:
     assert cells and all(c[3] == 1 for c in cells) and "heatmap.png" in session.artifacts  # grid_per_cell 1
     report = TASK.summarize(session.history[-1]["table"]).get("report.md", b"").decode()  # type: ignore[misc]
     assert "| -DA " not in report and "LTLRandom35" in report  # the LTL paper's numbers, not prop's
+    assert "| baseline: constant best (oracle) |" in report and "n = 1: " in report

@@ -10,7 +10,7 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -19,18 +19,24 @@ from pydantic import TypeAdapter, ValidationError
 from jobs.config import field_docs
 from jobs.data import propositional
 from jobs.data.checkers import check_assignment
+from jobs.data.propositional import constant_assignment
 from jobs.data.symbolic import EOS_ID, PAD_ID, collate, decode
+from jobs.data.symbolic_metrics import alpha_covariance_by_count, constant_baselines
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
+from jobs.tasks import symbolic_prop
 from jobs.tasks.symbolic_prop import (
     ALPHA_COUNTS,
+    BASELINE_KEYS,
     METRICS,
     PAPER_PROP,
     PROP,
     TASK,
+    EvalSets,
     PackedSymbolic,
     SymbolicConfig,
     build_model,
+    evaluate,
     example_input,
     make_alpha_set,
     make_data,
@@ -116,8 +122,10 @@ def test_tiny_run_trains_and_reports_every_metric(tiny_run: LocalSession) -> Non
             assert 0 <= h[k] <= 1, (k, h[k])
         assert h["exact"] <= h["correct"]
         assert math.isclose(sum(h[f"outcome/{o}"] for o in ("exact", "correct", "incorrect", "invalid")), 1)
-        # Invariant by construction, so every renaming gives the renamed prediction: exactly 1.
+        # Invariant by construction, so every renaming gives the renamed prediction: exactly 1 (both protocols).
         assert [h[f"alpha_cov_{n}"] for n in (3, 4, 5)] == [1.0, 1.0, 1.0]
+        assert [h[f"alpha_cov_pool_{n}"] for n in (3, 4, 5)] == [1.0, 1.0, 1.0]
+        assert all(0 <= h[k] <= 1 for k in BASELINE_KEYS), {k: h[k] for k in BASELINE_KEYS}
         assert 0 <= h["exact_paper"] <= h["correct"] and 0 <= h["heatmap_accuracy"] <= 1
         assert 0 <= h["open_vocab_correct"] <= 1 and "heatmap" not in h
     ckpt = tiny_run.last_checkpoint
@@ -126,13 +134,16 @@ def test_tiny_run_trains_and_reports_every_metric(tiny_run: LocalSession) -> Non
     init = build_model(TINY).state_dict()  # what train() starts from
     moved = [k for k, v in ckpt["model"].items() if v.dtype.is_floating_point and not torch.equal(v, init[k])]
     assert "transformer.fixed_embed.weight" in moved and len(moved) > 10  # the optimizer stepped
-    (row,) = history[-1]["table"]
+    (row,) = cast(list[dict[str, Any]], history[-1]["table"])
     assert row["variant"] == "EP-DP-EA-DA-CP" and row["correct"] == history[-1]["correct"]
     assert tiny_run.artifacts["predictions.md"].startswith(b"| formula | target | prediction | outcome |")
     cells = list(csv.reader(io.StringIO(tiny_run.artifacts["heatmap.csv"].decode())))
     assert cells[0] == ["symbols", "size_lo", "size_hi", "formulas", "correct"]
     assert [[float(x) for x in c] for c in cells[1:]] == row["heatmap"]
-    assert history[-1]["heatmap_accuracy"] == pytest.approx(statistics.fmean(c[4] for c in row["heatmap"]))
+    # pooled as the paper's eval2da.py: correct / count over every formula of the grid; the cell mean beside it
+    pooled = sum(c[3] * c[4] for c in row["heatmap"]) / sum(c[3] for c in row["heatmap"])
+    assert history[-1]["heatmap_accuracy"] == pytest.approx(pooled)
+    assert history[-1]["heatmap_accuracy_cells"] == pytest.approx(statistics.fmean(c[4] for c in row["heatmap"]))
     assert max(c[0] for c in row["heatmap"]) > TINY.num_symbols  # the grid reaches past training
     assert tiny_run.artifacts["heatmap.png"].startswith(b"\x89PNG")
 
@@ -157,6 +168,50 @@ def test_grid_and_alpha_sets_are_apart_from_training_and_open_vocabulary() -> No
     counts = {n: sum(len(ex.symbols) == n for ex in alpha) for n in ALPHA_COUNTS}
     assert all(c >= TINY.alpha_examples for c in counts.values()), counts
     assert all(tuple(ex.src) not in seen for ex in alpha)
+
+
+def test_baselines_are_the_constant_witnesses_on_the_evaluated_sets(tiny_run: LocalSession) -> None:
+    """baseline/* read nothing: the same at every report, and what the constant witnesses score on the same test
+    split as Correct and on the same grid, checked by the same checker."""
+    train_set, test = make_data(TINY, PROP)
+    grid = make_grid(TINY, PROP, train_set)
+    beyond = [ex for n, _, ex in grid if n > TINY.num_symbols]
+    expected = {
+        **{f"baseline/{k}": v for k, v in constant_baselines(test, constant_assignment, check_assignment).items()},
+        **{
+            f"baseline/open_vocab_{k}": v
+            for k, v in constant_baselines(beyond, constant_assignment, check_assignment).items()
+        },
+        **{
+            f"baseline/heatmap_{k}": v
+            for k, v in constant_baselines([g[2] for g in grid], constant_assignment, check_assignment).items()
+        },
+    }
+    for h in tiny_run.history:
+        assert {k: h[k] for k in BASELINE_KEYS} == expected
+    (row,) = cast(list[dict[str, Any]], tiny_run.history[-1]["table"])
+    assert {k: row[k] for k in BASELINE_KEYS} == expected
+    direct = [any(propositional.entails(ex.src, dict.fromkeys(ex.symbols, v)) for v in (False, True)) for ex in test]
+    assert expected["baseline/constant_best"] == sum(direct) / len(test) > 0
+
+
+def test_evaluate_runs_the_papers_protocol_within_the_data_sets_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """alpha_cov_n renames within the data set's own names (a..e) at most alpha_permutations times, and
+    alpha_cov_pool_n into the whole pool at most max_renamings times."""
+    calls: list[tuple[tuple[str, ...], int | None]] = []
+    real = alpha_covariance_by_count
+
+    def spy(*args: Any, **kwargs: Any) -> dict[int, float]:
+        calls.append((tuple(kwargs["pool"]), args[4]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(symbolic_prop, "alpha_covariance_by_count", spy)
+    cfg = dataclasses.replace(TINY, alpha_examples=1, alpha_permutations=7, max_renamings=3)
+    train_set, test = make_data(cfg, PROP)
+    sets = EvalSets(test[:4], [], make_alpha_set(cfg, PROP, train_set))
+    scores, _, _ = evaluate(build_model(cfg).transformer, sets, PROP, cfg, torch.device("cpu"))
+    assert calls == [(tuple("abcde"), 7), (PROP.pool, 3)]
+    assert [scores[f"alpha_cov_{n}"] for n in (3, 4, 5)] == [1.0, 1.0, 1.0] and math.isnan(scores["heatmap_accuracy"])
 
 
 def test_exact_paper_compares_with_the_name_ordered_target() -> None:
@@ -202,6 +257,13 @@ def test_cached_data_set_is_written_once_and_read_back(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("prop-*.json"))) == 2  # another data setting, another file
 
 
+BASELINES = {
+    "baseline/all_false": 0.1, "baseline/all_true": 0.25, "baseline/constant_best": 0.3,
+    "baseline/open_vocab_all_false": 0.2, "baseline/open_vocab_all_true": 0.4, "baseline/open_vocab_constant_best": 0.5,
+    "baseline/heatmap_all_false": 0.15, "baseline/heatmap_all_true": 0.3, "baseline/heatmap_constant_best": 0.4,
+}  # fmt: skip
+
+
 def _fake_rows() -> list[dict[str, Any]]:
     scores = {
         "EP-DP-EA-DA-CP": [(0.6, 0.2, 1.0), (0.7, 0.3, 1.0), (0.8, 0.1, 1.0)],
@@ -214,7 +276,7 @@ def _fake_rows() -> list[dict[str, Any]]:
             rows.append(
                 {**dataclasses.asdict(TINY), "variant": variant, "seed": seed, "correct": correct, "exact": exact,
                  "alpha_cov_3": alpha, "alpha_cov_4": alpha, "alpha_cov_5": math.nan if variant == "-DA" else alpha,
-                 "outcome/invalid": 0.0, "params": 1000}
+                 "outcome/invalid": 0.0, "params": 1000, **BASELINES}
             )  # fmt: skip
     return rows
 
@@ -230,13 +292,25 @@ def test_summarize_builds_the_table_per_variant() -> None:
     assert float(report["fixed"]["alpha_cov_5_mean"]) == pytest.approx(0.6)
     assert report["-DA"]["correct_std"] == "0.0" and report["-DA"]["alpha_cov_5_mean"] == "nan"
     md = files["report.md"].decode()
-    # ours beside the paper's: Correct, Exact, Exact (paper targets), Heatmap, Open vocab, alpha-cov 3 / 4 / 5
+    # ours beside the paper's: Correct, vs. the constant baseline, Exact, Exact (paper targets), Heatmap, Open
+    # vocab, alpha-cov 3 / 4 / 5 (the paper's protocol), alpha-cov pool 3 / 4 / 5
     assert (
-        "| EP-DP-EA-DA-CP | 3 | 70.0 ± 10.0 | 98.03 | 20.0 ± 10.0 | 60.96 | n/a | n/a | 95.05 | n/a | 100.0 ± 0.0 "
-        "| 100.0 ± 0.0 | 100.0 ± 0.0 | 100.00 |"
+        "| EP-DP-EA-DA-CP | 3 | 70.0 ± 10.0 | 98.03 | learned (n = 3: 70.0 − 24.8 > 30.0) | 20.0 ± 10.0 | 60.96 | n/a "
+        "| n/a | 95.05 | n/a | 100.0 ± 0.0 | 100.0 ± 0.0 | 100.0 ± 0.0 | 100.00 | n/a | n/a | n/a |"
     ) in md
-    assert "| fixed | 3 | 50.0 ± 10.0 | 95.62 | 20.0 ± 0.0 | 57.94 |" in md and "60.0 ± 10.0 | 76.02 |" in md
-    assert "| -DA | 1 | 30.0 ± 0.0 | – |" in md and "| n/a | 84.48 |" in md
+    assert (
+        "| fixed | 3 | 50.0 ± 10.0 | 95.62 | **not learned** (n = 3: 50.0 − 24.8 ≤ 30.0) | 20.0 ± 0.0 | 57.94 |" in md
+    )
+    assert "60.0 ± 10.0 | 76.02 |" in md
+    assert "| -DA | 1 | 30.0 ± 0.0 | – | **not learned** (n = 1: 30.0 ≤ 30.0) |" in md and "| n/a | 84.48 |" in md
+    assert "| baseline: constant best (oracle) | – | 30.0 | – | – | – | – | – | 40.0 | – | 50.0 | – |" in md
+    assert "| baseline: all false | – | 10.0 |" in md and "| baseline: all true | – | 25.0 |" in md
+    text = " ".join(md.split())  # the paragraphs are wrapped
+    assert "all P(5, n) renamings within the data set's own names a..e (m = 60 / 120 / 120: the paper's)" in text
+    assert "reproduced" not in md.lower() and "ordering holds" not in md.lower()
+    assert [report[v]["learned"] for v in report] == ["yes", "no", "no"]
+    assert float(report["fixed"]["baseline/constant_best"]) == 0.3
+    assert float(full["correct_ci95"]) == pytest.approx(4.3027 * 0.1 / math.sqrt(3), rel=1e-4)  # t(0.975, 2)
     assert len(list(csv.DictReader(io.StringIO(files["trials.csv"].decode())))) == 7
 
 
@@ -254,10 +328,25 @@ def test_summarize_averages_the_heatmaps_over_seeds() -> None:
 def test_summarize_splits_settings_that_differ() -> None:
     rows = _fake_rows()
     rows[0] = {**rows[0], "d_model": 64}
-    report = list(csv.DictReader(io.StringIO(summarize(rows)["report.csv"].decode())))
+    files = summarize(rows)
+    report = list(csv.DictReader(io.StringIO(files["report.csv"].decode())))
     assert [(r["variant"], r["d_model"], r["seeds"]) for r in report][:2] == [
         ("EP-DP-EA-DA-CP", "16", "2"), ("EP-DP-EA-DA-CP", "64", "1")
     ]  # fmt: skip
+    md = files["report.md"].decode()
+    assert md.count("| baseline: all false |") == 1  # the model's width does not change the baselines' formulas
+
+
+def test_summarize_gives_baselines_per_data_setting_and_names_a_capped_alpha_protocol() -> None:
+    rows = [{**r, "alpha_permutations": 10} for r in _fake_rows()]
+    rows[0] = {**rows[0], "test_examples": 50, "baseline/constant_best": 0.9}
+    md = summarize(rows)["report.md"].decode()
+    assert "| baseline: constant best (oracle) | 30 | – | 30.0 |" in md
+    assert "| baseline: constant best (oracle) | 50 | – | 90.0 |" in md
+    assert "| EP-DP-EA-DA-CP | 50 | 1 | 60.0 ± 0.0 | 98.03 | **not learned** (n = 1: 60.0 ≤ 90.0) |" in md
+    text = " ".join(md.split())  # the paragraphs are wrapped
+    assert "at most 10 of the P(5, n) renamings within a..e (alpha_permutations=10" in text
+    assert "the paper runs all, m = 60 / 120 / 120, so these are not its numbers" in text
 
 
 def test_summarize_rejects_rows_it_cannot_read() -> None:
@@ -269,8 +358,9 @@ def test_summarize_rejects_rows_it_cannot_read() -> None:
 
 @pytest.mark.parametrize(
     "path,task,trials",
-    [("sweeps/symbolic_prop.yaml", "symbolic.prop", 14), ("sweeps/gpu/symbolic_prop.yaml", "symbolic.prop", 42),
-     ("sweeps/symbolic_ltl.yaml", "symbolic.ltl", 7), ("sweeps/gpu/symbolic_ltl.yaml", "symbolic.ltl", 42)],
+    [("sweeps/symbolic_prop.yaml", "symbolic.prop", 9), ("sweeps/symbolic_prop_ablations.yaml", "symbolic.prop", 42),
+     ("sweeps/gpu/symbolic_prop.yaml", "symbolic.prop", 42),
+     ("sweeps/symbolic_ltl.yaml", "symbolic.ltl", 21), ("sweeps/gpu/symbolic_ltl.yaml", "symbolic.ltl", 42)],
 )  # fmt: skip
 def test_sweep_files_validate(path: str, task: str, trials: int) -> None:
     spec_module = pytest.importorskip("service.spec")
