@@ -1,8 +1,8 @@
 """Soft Actor-Critic's parts that are not the experiment (Haarnoja et al. 2018, arXiv 1812.05905), as CleanRL's
 sac_continuous_action.py has them: a preallocated replay buffer, the agent (actor, twin critics and their
 targets, log α, optimisers), the clipped double-Q target, the critic, actor and α updates, Polyak averaging, a
-deterministic evaluation, and the random streams a resumed trial restores. jobs/tasks/sna_halfcheetah.py builds
-the agent and runs the loop.
+deterministic evaluation, the uniform-random policy's return on the same episodes (the trivial baseline), and
+the random streams a resumed trial restores. jobs/tasks/sna_halfcheetah.py builds the agent and runs the loop.
 """
 
 from __future__ import annotations
@@ -176,6 +176,28 @@ def evaluate(
         while not done:
             action = actor(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])[0].cpu().numpy()
             obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    return returns
+
+
+def evaluate_random(env: gym.Env[Any, Any], seeds: Iterable[int]) -> list[float]:
+    """Returns of the policy that reads nothing: actions uniform in the env's Box action space, one episode from
+    each start seed, as `evaluate` runs them (same starts, same length). Episode k's actions come from
+    np.random.default_rng(seed_k), so the returns depend on the env and the start seeds alone."""
+    space = env.action_space
+    if not isinstance(space, gym.spaces.Box):
+        raise ValueError(f"evaluate_random: needs a Box action space, got {space}")
+    low, high = space.low.astype(np.float64), space.high.astype(np.float64)
+    returns = []
+    for seed in seeds:
+        env.reset(seed=seed)
+        rng = np.random.default_rng(seed)
+        done, total = False, 0.0
+        while not done:
+            action = rng.uniform(low, high).astype(space.dtype)
+            _, reward, terminated, truncated, _ = env.step(action)
             total += float(reward)
             done = terminated or truncated
         returns.append(total)

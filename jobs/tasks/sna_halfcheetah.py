@@ -13,6 +13,13 @@ whose width is solved so that its parameter count matches the SNA critic of the 
 reported). Each report holds:
 - eval_return: mean return of `eval_episodes` episodes of the deterministic policy tanh(mean) on a separate env,
   from fixed start seeds (the same start states at every evaluation of a trial, and for both critics at a seed).
+- baseline/random_return: the trivial baseline, the mean return of a policy that reads nothing (actions uniform
+  in the action space; episode k's from np.random.default_rng of its start seed) over the same `eval_episodes`
+  episodes from the same start seeds (and so the same length) as eval_return; computed once per trial from the
+  env and the seed alone, the same for both critics at a seed (jobs/sac.py `evaluate_random`). The summary
+  labels an arm "not learned" at a step where its eval return does not beat this by more than its 95% Student-t
+  interval over seeds (jobs/stats.py `versus_baseline`). HalfCheetah-v5, 5 episodes: -302, -380, -347 at
+  seeds 0, 1, 2 (the control cost of uniform actions alone is 0.1·E|a|² = 0.2 per step, -200 an episode).
 - perf/env_steps_per_s (rollout + updates, evaluation excluded) and perf/updates_per_s (update time only).
 - critic/effective_rank (sna; the first twin): the rank holding 90% of the singular-value energy of the cross term
   C_ij = u(s_i)ᵀ diag(w) v(a_j)/√R over `rank_batch` buffer states x actions; critic/interaction_rank (both
@@ -61,6 +68,7 @@ from jobs.sac import (
     Agent,
     ReplayBuffer,
     evaluate,
+    evaluate_random,
     rng_state,
     set_rng_state,
     soft_update,
@@ -68,6 +76,7 @@ from jobs.sac import (
     update_actor_and_alpha,
     update_critic,
 )
+from jobs.stats import t_interval, versus_baseline
 from jobs.tables import TableRows, check_rows, csv_bytes, mean_std, png_bytes
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation episodes start from seeds no training episode uses
@@ -168,6 +177,7 @@ METRICS = {
     "perf/updates_per_s": "max",
     "step": "max",
     "updates": "max",
+    "baseline/random_return": "max",  # the uniform-random policy on the eval episodes (random_return)
 }
 
 
@@ -269,6 +279,22 @@ def rank_metrics(agent: Agent, buffer: ReplayBuffer, cfg: SacConfig, step: int, 
     return out
 
 
+def eval_seeds(cfg: SacConfig) -> range:
+    """Start seeds of the evaluation episodes: the same at every evaluation of a trial, and for both critics."""
+    first = EVAL_SEED_OFFSET + cfg.seed * cfg.eval_episodes
+    return range(first, first + cfg.eval_episodes)
+
+
+def random_return(cfg: SacConfig) -> float:
+    """baseline/random_return: the uniform-random policy's mean return over the trial's evaluation episodes, on
+    a fresh env (module docstring). Depends on env_id, seed and eval_episodes only, never on the critic."""
+    env = make_env(cfg.env_id)
+    try:
+        return float(np.mean(evaluate_random(env, eval_seeds(cfg))))
+    finally:
+        env.close()
+
+
 def train(cfg: SacConfig, session: Session) -> None:
     # --- setup
     if session.world_size > 1:
@@ -285,6 +311,7 @@ def train(cfg: SacConfig, session: Session) -> None:
     critic_params = count_params(agent.qf1)
     sna_params = sna_critic_params(obs_dim, act_dim, cfg.rank, cfg.critic_hidden, cfg.critic_depth)
     start, updates, episodes, table = 0, 0, 0, TableRows()
+    baseline = random_return(cfg)  # from the env alone, once per trial (again on resume: the same value)
     resume = session.checkpoint
     if resume is not None:
         raw_actor.load_state_dict(resume["model"])
@@ -341,8 +368,7 @@ def train(cfg: SacConfig, session: Session) -> None:
         if done % cfg.eval_every != 0 and done != cfg.total_steps:
             continue
         loop_time = time.perf_counter() - tick
-        first = EVAL_SEED_OFFSET + cfg.seed * cfg.eval_episodes  # the same start states at every evaluation
-        returns = evaluate(raw_actor, eval_env, range(first, first + cfg.eval_episodes), device)
+        returns = evaluate(raw_actor, eval_env, eval_seeds(cfg), device)  # the same start states every time
         eval_return = float(np.mean(returns))
         metrics: dict[str, Any] = {
             "eval_return": eval_return,
@@ -358,10 +384,14 @@ def train(cfg: SacConfig, session: Session) -> None:
             "step": done,
             "updates": updates,
             "episodes": episodes,
+            "baseline/random_return": baseline,
         }
         if ep_returns:
             metrics["train/episode_return"] = float(np.mean(ep_returns))
-        table.append({**trial_row(cfg, critic_params, sna_params), "step": done, "eval_return": eval_return})
+        table.append(
+            {**trial_row(cfg, critic_params, sna_params), "step": done, "eval_return": eval_return,
+             "random_return": baseline}
+        )  # fmt: skip
         metrics["table"] = TableRows(table)  # the whole curve so far: ASHA-stopped trials keep theirs too
         state: dict[str, Any] = {
             "model": {k: v.detach().clone() for k, v in raw_actor.state_dict().items()},
@@ -386,7 +416,7 @@ def train(cfg: SacConfig, session: Session) -> None:
 
 TRIAL_KEYS = ("env_id", "critic", "rank", "critic_hidden", "critic_depth", "match_params", "seed")
 # Per-evaluation values of a row; every other key is trial config (the worker merges each trial's config in).
-ROW_KEYS = ("step", "eval_return", "critic_params", "critic_params_sna")
+ROW_KEYS = ("step", "eval_return", "critic_params", "critic_params_sna", "random_return")
 
 
 def trial_row(cfg: SacConfig, critic_params: int, sna_params: int) -> dict[str, Any]:
@@ -419,9 +449,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     every evaluation step any trial reached, an arm's cell averages the trials that evaluated at that step and
     only those: a trial that stopped earlier (ASHA, a failure) is left out there, never carried forward with an
     older value, and each cell states its `seeds`. std is the sample standard deviation over seeds (n - 1).
-    Files: curves.csv (every row), matched.csv (arm x step: seeds, mean, std), final.csv (the same at the last
-    step, with each arm's trial count and the steps its trials reached) and eval_return.png (a panel per rank:
-    each critic's mean curve with a ±std band; hollow markers where fewer than all of its seeds evaluated).
+    Files: curves.csv (every row), matched.csv (arm x step: seeds, mean, std, the 95% Student-t half-width
+    ci95, random_return, vs_random), final.csv (the same at the last step, with each arm's trial count and the
+    steps its trials reached) and eval_return.png (a panel per rank: each critic's mean curve with a ±std band;
+    hollow markers where fewer than all of its seeds evaluated; the random policy's return as a dotted line).
+    random_return is the mean baseline/random_return of the cell's own trials; vs_random is "not learned" where
+    the cell's mean - ci95 is not above it (jobs/stats.py versus_baseline; with one seed, the value itself, and
+    ", n = 1" is added), "learned" where it is, "no baseline" for rows from before the baseline existed.
     """
     from matplotlib.figure import Figure  # no pyplot: no global figure state, safe in a worker thread
 
@@ -429,11 +463,16 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     check_rows(rows, columns, "sna.halfcheetah")
     varying = varying_keys(rows)
     curves: dict[str, dict[int, list[float]]] = {}  # arm -> step -> eval_return of each trial evaluated there
+    randoms: dict[str, dict[int, list[float]]] = {}  # arm -> step -> those trials' baseline/random_return
+    panel_randoms: dict[Any, dict[Any, float]] = {}  # rank -> seed -> random_return (the same for every critic)
     reached: dict[str, dict[Any, int]] = {}  # arm -> seed -> last step evaluated
     first: dict[str, dict[str, Any]] = {}  # arm -> one of its rows (the critic's description)
     for r in rows:
         arm, step = arm_label(r, varying), int(r["step"])
         curves.setdefault(arm, {}).setdefault(step, []).append(float(r["eval_return"]))
+        if r.get("random_return") is not None:  # rows from before the baseline lack it
+            randoms.setdefault(arm, {}).setdefault(step, []).append(float(r["random_return"]))
+            panel_randoms.setdefault(r["rank"], {})[r["seed"]] = float(r["random_return"])
         seeds = reached.setdefault(arm, {})
         seeds[r["seed"]] = max(seeds.get(r["seed"], 0), step)
         first.setdefault(arm, r)
@@ -443,11 +482,20 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     def cell(arm: str, step: int) -> dict[str, Any]:
         values = curves[arm].get(step, [])
         mean, std = mean_std(values)
+        half = t_interval(values)[1]
+        baseline = _mean(randoms.get(arm, {}).get(step, []))
+        if not values:
+            verdict = ""
+        elif math.isfinite(baseline):
+            verdict = versus_baseline(values, baseline, "max")  # "not learned", "", with ", n = 1" for one seed
+            verdict = verdict if verdict.startswith("not learned") else ", ".join(filter(None, ["learned", verdict]))
+        else:
+            verdict = "no baseline"
         r = first[arm]
         return {
             "arm": arm, "critic": r["critic"], "rank": r["rank"], "critic_params": r["critic_params"],
             "critic_params_sna": r.get("critic_params_sna", ""), "step": step, "seeds": len(values),
-            "mean": mean, "std": std,
+            "mean": mean, "std": std, "ci95": half, "random_return": baseline, "vs_random": verdict,
         }  # fmt: skip
 
     matched = [cell(arm, s) for arm in arms for s in steps]
@@ -457,7 +505,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
         for arm in arms
     ]  # fmt: skip
     files = {
-        "curves.csv": csv_bytes([*columns, "critic_params_sna"], rows),
+        "curves.csv": csv_bytes([*columns, "critic_params_sna", "random_return"], rows),
         "matched.csv": csv_bytes(list(matched[0]), matched),
         "final.csv": csv_bytes(list(final[0]), final),
     }
@@ -478,12 +526,19 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
             ax.fill_between(xs, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1], color=color, alpha=0.2)
             ax.plot(np.array(xs)[full], stats[full, 0], "o", color=color, ms=3)
             ax.plot(np.array(xs)[~full], stats[~full, 0], "o", mfc="none", color=color, ms=4)
+        baseline = _mean(list(panel_randoms.get(rank, {}).values()))  # mean over the panel's seeds
+        if math.isfinite(baseline):
+            ax.axhline(baseline, color="k", ls=":", lw=1, label=f"uniform-random policy ({baseline:.0f})")
         ax.set(xlabel="environment steps", title=f"R = {rank}")
         ax.legend(fontsize=7)
     axes[0].set_ylabel("deterministic eval return (mean ± std over seeds)")
     fig.suptitle(f"{rows[0]['env_id']} (hollow marker: fewer seeds evaluated there than the arm has)")
     files["eval_return.png"] = png_bytes(fig)
     return files
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else math.nan
 
 
 TASK = Task(

@@ -1,6 +1,7 @@
 """jobs/tasks/sna_halfcheetah.py: the SAC pieces against explicit formulas (TD target, Polyak, clipping, α's
 direction), the replay ring, a short HalfCheetah run that updates and evaluates, resume after a crash with the
-counters continuing, the summary artifacts and the sweep files."""
+counters continuing, the uniform-random policy's baseline, the summary artifacts (with "not learned" against
+that baseline) and the sweep files."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from pydantic import TypeAdapter, ValidationError
+from scipy.stats import t as scipy_t
 
 from jobs.config import field_docs
 from jobs.layers.sac_actor import SquashedGaussianActor
@@ -27,12 +29,24 @@ from jobs.sac import (
     Batch,
     ReplayBuffer,
     critic_loss,
+    evaluate_random,
     soft_update,
     td_target,
     update_actor_and_alpha,
     update_critic,
 )
-from jobs.tasks.sna_halfcheetah import TASK, SacConfig, build_critic, build_model, make_agent, summarize, train
+from jobs.tasks.sna_halfcheetah import (
+    METRICS,
+    TASK,
+    SacConfig,
+    build_critic,
+    build_model,
+    eval_seeds,
+    make_agent,
+    random_return,
+    summarize,
+    train,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 CPU = torch.device("cpu")
@@ -227,6 +241,9 @@ def test_short_halfcheetah_run_updates_evaluates_and_resumes(critic: str) -> Non
         assert abs(first["critic/params"] - first["critic/params_sna"]) / first["critic/params_sna"] < 0.03
         assert "critic/effective_rank" not in first
     assert first["critic/interaction_rank"] >= 0 and first["perf/env_steps_per_s"] > 0
+    # The trivial baseline rides along with every report (and every summary row), the same in each.
+    assert all(h["baseline/random_return"] == random_return(cfg) for h in crashed.history)
+    assert first["table"][-1]["random_return"] == random_return(cfg)
     # The policy that was checkpointed moved away from its init: optimizer steps happened.
     torch.manual_seed(cfg.seed)
     init = build_model(cfg).state_dict()
@@ -243,6 +260,32 @@ def test_short_halfcheetah_run_updates_evaluates_and_resumes(critic: str) -> Non
     adam_steps = {int(s["step"]) for s in resumed.last_checkpoint["agent"]["q_optimizer"]["state"].values()}
     assert adam_steps == {200}  # the critics' Adam state continued from its 50 steps
     assert resumed.last_checkpoint["buffer"]["size"] == 300
+
+
+def test_random_return_is_the_uniform_policy_on_the_eval_episodes() -> None:
+    assert METRICS["baseline/random_return"] == "max"
+    value = random_return(CHEETAH)
+    assert np.isfinite(value)
+    # Independent of the critic and its size, and deterministic for a seed; another seed starts elsewhere.
+    for other in (dataclasses.replace(CHEETAH, critic="mlp"), dataclasses.replace(CHEETAH, rank=32, critic_hidden=64)):
+        assert random_return(other) == value
+    assert random_return(dataclasses.replace(CHEETAH, seed=1)) != value
+    # By hand, on Pendulum (200 steps an episode, reward in [-16.3, 0]): the same start seeds as eval_return and
+    # actions uniform in [-2, 2] from each start seed's own generator.
+    cfg = dataclasses.replace(PENDULUM, eval_episodes=3, seed=2)
+    env, expected = gym.make("Pendulum-v1"), []
+    for seed in eval_seeds(cfg):
+        env.reset(seed=seed)
+        rng, total, steps, done = np.random.default_rng(seed), 0.0, 0, False
+        while not done:
+            _, reward, terminated, truncated, _ = env.step(rng.uniform(-2.0, 2.0, size=1).astype(np.float32))
+            total, steps, done = total + float(reward), steps + 1, terminated or truncated
+        assert steps == 200
+        expected.append(total)
+    assert evaluate_random(gym.make("Pendulum-v1"), eval_seeds(cfg)) == expected
+    assert random_return(cfg) == pytest.approx(np.mean(expected), rel=1e-12)
+    assert -16.3 * 200 <= random_return(cfg) < 0
+    assert list(eval_seeds(cfg)) == [1_000_003 + 6, 1_000_003 + 7, 1_000_003 + 8]
 
 
 def test_resume_without_a_saved_buffer_explores_again_before_updating() -> None:
@@ -287,9 +330,12 @@ CURVES = {
 }
 
 
+RANDOM = {0: 5.0, 1: 7.0, 2: 3.0}  # baseline/random_return per seed (the same for every critic)
+
+
 def _rows() -> list[dict[str, Any]]:
     return [
-        _row(critic, rank, seed, step, value)
+        _row(critic, rank, seed, step, value, random_return=RANDOM[seed])
         for (critic, rank), seeds in CURVES.items()
         for seed, curve in enumerate(seeds)
         for step, value in zip(STEPS, curve, strict=False)
@@ -320,13 +366,25 @@ def test_summary_averages_only_the_seeds_that_reached_each_step() -> None:
             n = int(np.isfinite(column).sum())
             assert int(cell["seeds"]) == n and cell["critic"] == arm[0] and int(cell["rank"]) == arm[1]
             assert float(cell["mean"]) == pytest.approx(np.nanmean(column), rel=1e-12), (arm, step)
+            baseline = np.mean([RANDOM[i] for i in range(len(seeds)) if np.isfinite(column[i])])
+            assert float(cell["random_return"]) == pytest.approx(baseline, rel=1e-12), (arm, step)
             if n >= 2:
                 assert float(cell["std"]) == pytest.approx(np.nanstd(column, ddof=1), rel=1e-12), (arm, step)
+                half = scipy_t.ppf(0.975, n - 1) * np.nanstd(column, ddof=1) / np.sqrt(n)
+                assert float(cell["ci95"]) == pytest.approx(half, rel=1e-9), (arm, step)
+                learned = np.nanmean(column) - half > baseline
+                assert cell["vs_random"] == ("learned" if learned else "not learned"), (arm, step)
             else:
-                assert cell["std"] == "", (arm, step)  # one seed has no spread: an empty cell, not 0
+                assert cell["std"] == cell["ci95"] == "", (arm, step)  # one seed has no spread: an empty cell, not 0
+                learned = np.nanmean(column) > baseline
+                assert cell["vs_random"] == ("learned, n = 1" if learned else "not learned, n = 1"), (arm, step)
     # By hand: at 3000 steps sna R=8 averages seeds 0 and 1 only (60, 100), not seed 2's last value (40 at 2000).
     last = matched[labels[("sna", 8)], 3000]
     assert last["seeds"] == "2" and float(last["mean"]) == 80.0 and float(last["std"]) == pytest.approx(800**0.5)
+    # ... beside the random return of those two seeds only, 6; 80 - 12.706·√800/√2 = -174 is not above it.
+    assert float(last["random_return"]) == 6.0 and last["vs_random"] == "not learned"
+    assert matched[labels[("sna", 32)], 1000]["vs_random"] == "not learned, n = 1"  # 4 <= 5
+    assert matched[labels[("sna", 32)], 3000]["vs_random"] == "learned, n = 1"  # 8 > 5
     final = {r["arm"]: r for r in _read(files, "final.csv")}
     sna = final[labels[("sna", 8)]]
     assert (sna["step"], sna["seeds"], sna["trials"], sna["steps_min"], sna["steps_max"]) == (
@@ -336,12 +394,32 @@ def test_summary_averages_only_the_seeds_that_reached_each_step() -> None:
     assert mlp["seeds"] == mlp["trials"] == "3" and float(mlp["mean"]) == 8.0 and mlp["critic_params_sna"] == "1008"
 
 
+@pytest.mark.parametrize("spread,label", [(10.0, "learned"), (150.0, "learned"), (200.0, "not learned")])
+def test_summary_learned_only_beyond_its_interval_above_random(spread: float, label: str) -> None:
+    # Mean 100 over 3 seeds, random returns -300, -310, -320 (mean -310): the half-width is 4.303·spread/√3, so
+    # spread 10 clears -310 by far, 150 just (100 - 372.6 = -272.6 > -310), 200 not (100 - 496.8 = -396.8).
+    randoms = (-300.0, -310.0, -320.0)
+    rows = [
+        _row(critic, 8, seed, 1000, 100.0 + (seed - 1) * spread, random_return=randoms[seed])
+        for critic in ("sna", "mlp")
+        for seed in range(3)
+    ]
+    files = summarize(rows)
+    cells = _read(files, "matched.csv")
+    assert [(c["critic"], float(c["random_return"]), c["vs_random"]) for c in cells] == [
+        ("mlp", -310.0, label), ("sna", -310.0, label)]  # fmt: skip
+    assert float(cells[0]["ci95"]) == pytest.approx(scipy_t.ppf(0.975, 2) * spread / np.sqrt(3), rel=1e-9)
+    assert {r["vs_random"] for r in _read(files, "final.csv")} == {label}
+    assert {r["random_return"] for r in _read(files, "curves.csv")} == {"-300.0", "-310.0", "-320.0"}
+
+
 def test_summary_keeps_differently_configured_trials_apart() -> None:
     # A search sweep's rows: the same critic at two learning rates is two arms, whatever the seed.
     rows = [_row("sna", 8, 0, s, v, q_lr=lr) for lr, v in ((1e-3, 1.0), (3e-4, 5.0)) for s in STEPS]
     arms = {r["arm"]: r for r in _read(summarize(rows), "final.csv")}
     assert set(arms) == {"sna R=8 (1008 params), q_lr=0.0003", "sna R=8 (1008 params), q_lr=0.001"}
     assert all(r["seeds"] == "1" for r in arms.values())
+    assert all(r["random_return"] == "" and r["vs_random"] == "no baseline" for r in arms.values())  # older rows
     with pytest.raises(ValueError, match="got no rows"):
         summarize([])
     with pytest.raises(ValueError, match="rows lack eval_return"):
@@ -373,3 +451,14 @@ def test_search_sweep_keeps_asha() -> None:
     assert spec.task == "sna.halfcheetah" and spec.scheduler.type == "asha" and spec.search.algorithm == "random"
     cfg = TASK.make_config(spec.params)
     assert spec.scheduler.max_t == -(-cfg.total_steps // cfg.eval_every)  # one ASHA iteration per evaluation
+
+
+def test_50k_sweep_compares_rank_32_with_its_matched_mlp_over_3_seeds() -> None:
+    spec = pytest.importorskip("service.spec").parse_spec((REPO / "sweeps/sna_halfcheetah_50k.yaml").read_text())
+    assert spec.task == "sna.halfcheetah" and spec.metric.name == "eval_return" and spec.metric.mode == "max"
+    assert spec.scheduler.type == "fifo" and spec.search.algorithm == "grid" and spec.max_concurrent_trials == 2
+    assert set(spec.space) == {"critic", "seed"} and spec.space["critic"].grid == ["mlp", "sna"]
+    assert spec.space["seed"].grid == [0, 1, 2] and spec.trials_total == 6
+    cfg = TASK.make_config(spec.params)
+    assert cfg.rank == 32 and cfg.match_params and cfg.total_steps % cfg.eval_every == 0  # the same eval steps
+    assert (cfg.learning_starts, cfg.batch_size, cfg.q_lr, cfg.policy_lr) == (5000, 256, 3e-4, 3e-4)  # CleanRL's
