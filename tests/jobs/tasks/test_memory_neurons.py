@@ -211,9 +211,11 @@ def test_synthetic_resume_does_not_train_again(
     assert session.history == first.history
 
 
-@pytest.mark.parametrize("name,source", [("memory_neurons.yaml", "corpus"), ("memory_neurons_facts.yaml", "synthetic")])
-def test_sweep_files_validate(name: str, source: str) -> None:
+@pytest.mark.parametrize(
+    "name,source,trials", [("memory_neurons.yaml", "corpus", 6), ("memory_neurons_facts.yaml", "synthetic", 9)]
+)
+def test_sweep_files_validate(name: str, source: str, trials: int) -> None:
     spec_module = pytest.importorskip("service.spec")
     spec = spec_module.parse_spec((Path(__file__).resolve().parents[3] / "sweeps" / name).read_text())
-    assert spec.task == "memory.neurons" and spec.params["source"] == source and spec.trials_total == 6
+    assert spec.task == "memory.neurons" and spec.params["source"] == source and spec.trials_total == trials
     NeuronsConfig(**spec.params)  # the fixed params make a valid config

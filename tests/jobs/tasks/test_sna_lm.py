@@ -109,7 +109,7 @@ def test_tiny_run_learns_characters(attention: str) -> None:
     build_model(cfg).load_state_dict(ckpt["model"])
 
 
-@pytest.mark.parametrize("path,trials", [("sweeps/sna_lm.yaml", 30), ("sweeps/gpu/sna_lm.yaml", 8)])
+@pytest.mark.parametrize("path,trials", [("sweeps/sna_lm.yaml", 18), ("sweeps/gpu/sna_lm.yaml", 8)])
 def test_sweep_files_validate(path: str, trials: int) -> None:
     spec_module = pytest.importorskip("service.spec")
     spec = spec_module.parse_spec((REPO / path).read_text())
