@@ -1,23 +1,39 @@
 """Lorenz-63 and Lorenz-96 for sna.lorenz: vector fields, tangent maps (J(x) δ, for the Lyapunov estimate), RK4,
 trajectories sampled every dt, and the largest Lyapunov exponents (Benettin's method), batched over [..., D].
-Each function reads the system's fields of a `LorenzConfig` (system, n_vars/dim, forcing, dt, substeps,
-transient); jobs/tasks/sna_lorenz.py builds the data sets from them."""
+Each function reads only the system's fields of its config, `LorenzSystem` (sna.lorenz's `LorenzConfig` has
+them); jobs/tasks/sna_lorenz.py builds the data sets from them."""
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from jobs.tasks.sna_lorenz import LorenzConfig
-
+System = Literal["lorenz63", "lorenz96"]
 SIGMA, RHO, BETA = 10.0, 28.0, 8.0 / 3.0
 L63_LYAPUNOV = 0.906  # Sprott 2003, table A.1: (0.9056, 0, -14.5723)
 
 
-def vector_field(cfg: LorenzConfig, x: np.ndarray) -> np.ndarray:
+class LorenzSystem(Protocol):
+    """The fields of a config these functions read: which system, its size and forcing, and how it is sampled.
+    A protocol, not a dataclass of ours: the task's config is the one flat dataclass its sweeps set."""
+
+    @property
+    def system(self) -> System: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def forcing(self) -> float: ...
+    @property
+    def dt(self) -> float: ...
+    @property
+    def substeps(self) -> int: ...
+    @property
+    def transient(self) -> float: ...
+
+
+def vector_field(cfg: LorenzSystem, x: np.ndarray) -> np.ndarray:
     if cfg.system == "lorenz63":
         a, b, c = x[..., 0], x[..., 1], x[..., 2]
         return np.stack([SIGMA * (b - a), a * (RHO - c) - b, a * b - BETA * c], axis=-1)
@@ -25,7 +41,7 @@ def vector_field(cfg: LorenzConfig, x: np.ndarray) -> np.ndarray:
     return (x[..., ip1] - x[..., im2]) * x[..., im1] - x + cfg.forcing
 
 
-def tangent(cfg: LorenzConfig, x: np.ndarray, d: np.ndarray) -> np.ndarray:
+def tangent(cfg: LorenzSystem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
     """J(x) δ for x [..., D] and tangent vectors δ [..., D, k] (columns)."""
     if cfg.system == "lorenz63":
         a, b, c = (x[..., i, None] for i in range(3))
@@ -59,7 +75,7 @@ def rk4_step(f: Any, x: Any, h: float) -> Any:
     return x + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
 
 
-def initial_states(cfg: LorenzConfig, count: int, rng: np.random.Generator) -> np.ndarray:
+def initial_states(cfg: LorenzSystem, count: int, rng: np.random.Generator) -> np.ndarray:
     """Random states near the attractor, then `transient` time units integrated away: [count, D]."""
     if cfg.system == "lorenz63":
         x = rng.normal(size=(count, 3)) * 5.0 + np.array([0.0, 0.0, 25.0])
@@ -68,7 +84,7 @@ def initial_states(cfg: LorenzConfig, count: int, rng: np.random.Generator) -> n
     return integrate(cfg, x, round(cfg.transient / cfg.dt))[:, -1]
 
 
-def integrate(cfg: LorenzConfig, x0: np.ndarray, samples: int) -> np.ndarray:
+def integrate(cfg: LorenzSystem, x0: np.ndarray, samples: int) -> np.ndarray:
     """x0 [M, D] -> trajectories [M, samples + 1, D] sampled every dt (RK4 with `substeps` steps per dt)."""
     h = cfg.dt / cfg.substeps
     out = np.empty((x0.shape[0], samples + 1, x0.shape[1]))
@@ -80,7 +96,7 @@ def integrate(cfg: LorenzConfig, x0: np.ndarray, samples: int) -> np.ndarray:
     return out
 
 
-def lyapunov_spectrum(cfg: LorenzConfig, x0: np.ndarray, span: float, k: int = 1, renorm_every: int = 10) -> np.ndarray:
+def lyapunov_spectrum(cfg: LorenzSystem, x0: np.ndarray, span: float, k: int = 1, renorm_every: int = 10) -> np.ndarray:
     """The k largest Lyapunov exponents by Benettin's method with QR re-orthonormalisation (Benettin et al. 1980;
     Shimada & Nagashima 1979): the variational equation dδ/dt = J(x) δ is integrated with x (RK4 at dt /
     substeps), Q R = δ every `renorm_every` steps, λ_j = Σ log |R_jj| / time, averaged over the M trajectories

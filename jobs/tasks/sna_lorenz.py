@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from jobs.config import check_fields
-from jobs.data.lorenz import initial_states, integrate, lyapunov_spectrum
+from jobs.data.lorenz import System, initial_states, integrate, lyapunov_spectrum
 from jobs.layers.separable import (
     Basis,
     BilinearSeparable,
@@ -64,7 +64,6 @@ from jobs.runtime import Session
 from jobs.stats import t_interval, versus_baseline
 from jobs.tables import TableRows, check_rows, csv_bytes, markdown_table, png_bytes
 
-System = Literal["lorenz63", "lorenz96"]
 Model = Literal["cp", "bilinear", "mlp"]
 
 
