@@ -23,16 +23,54 @@ the logits stay permutation-equivariant, the choice among the tied streams is by
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import NamedTuple, Protocol
 
 import torch
 
+from jobs.layers.symbolic_config import SymbolicModelConfig
 from jobs.layers.symbolic_positions import PAD_ID
 
-if TYPE_CHECKING:
-    from jobs.layers.symbolic_transformer import EncoderState, SymbolInvariantTransformer
-
 Decoded = list[tuple[list[int], list[int]]]
+
+
+class EncoderState(NamedTuple):
+    """What decoding needs from one encoder pass (repeat(k) copies it for k beams per example)."""
+
+    memory: torch.Tensor  # [B, N, S, d] encoder streams
+    fused: torch.Tensor | None  # [B, 1, S, d] the aggregated encoder view (cross="aggregated")
+    key_mask: torch.Tensor  # [B, S] real source positions
+    stream_mask: torch.Tensor  # [B, N] streams that take part in means
+    sym_mask: torch.Tensor  # [B, n_max] as given: which "symbol k" outputs exist
+    table: torch.Tensor | None  # [B, n_max, d] symbol vectors of the baselines (None: invariant)
+
+    def repeat(self, k: int) -> EncoderState:
+        fused = None if self.fused is None else self.fused.repeat_interleave(k, dim=0)
+        table = None if self.table is None else self.table.repeat_interleave(k, dim=0)
+        memory, key_mask, stream_mask, sym_mask = (
+            t.repeat_interleave(k, dim=0) for t in (self.memory, self.key_mask, self.stream_mask, self.sym_mask)
+        )
+        return EncoderState(memory, fused, key_mask, stream_mask, sym_mask, table)
+
+
+class EncoderDecoder(Protocol):
+    """What decoding calls on the model (`SymbolInvariantTransformer` in jobs/layers/symbolic_transformer.py):
+    one encoder pass, then the decoder's next-token logits for every prefix."""
+
+    @property
+    def config(self) -> SymbolicModelConfig: ...
+
+    def encode(
+        self,
+        src_fixed: torch.Tensor,
+        src_sym: torch.Tensor,
+        sym_mask: torch.Tensor,
+        src_pos: torch.Tensor | None = None,
+        sym_names: torch.Tensor | None = None,
+    ) -> EncoderState: ...
+
+    def decode(
+        self, state: EncoderState, tgt_fixed: torch.Tensor, tgt_sym: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def joint_to_pair(joint: list[int], vocab_size: int) -> tuple[list[int], list[int]]:
@@ -42,7 +80,7 @@ def joint_to_pair(joint: list[int], vocab_size: int) -> tuple[list[int], list[in
     return fixed, sym
 
 
-def _step_log_probs(model: SymbolInvariantTransformer, state: EncoderState, seq: torch.Tensor) -> torch.Tensor:
+def _step_log_probs(model: EncoderDecoder, state: EncoderState, seq: torch.Tensor) -> torch.Tensor:
     """log p(next token | prefix) over the joint space for prefixes seq [R, t] of joint ids -> [R, C]."""
     V = model.config.vocab_size
     fixed = torch.where(seq < V, seq, PAD_ID)
@@ -52,7 +90,7 @@ def _step_log_probs(model: SymbolInvariantTransformer, state: EncoderState, seq:
     return torch.log_softmax(joint.double(), dim=-1)  # double: sums of many steps keep their order
 
 
-def _max_len(model: SymbolInvariantTransformer, max_len: int | None) -> int:
+def _max_len(model: EncoderDecoder, max_len: int | None) -> int:
     steps = model.config.max_len - 1 if max_len is None else max_len
     if steps < 1:
         raise ValueError(f"max_len: decoding needs at least 1 step, got {max_len}")
@@ -61,7 +99,7 @@ def _max_len(model: SymbolInvariantTransformer, max_len: int | None) -> int:
 
 @torch.no_grad()
 def greedy_decode(
-    model: SymbolInvariantTransformer,
+    model: EncoderDecoder,
     src_fixed: torch.Tensor,
     src_sym: torch.Tensor,
     sym_mask: torch.Tensor,
@@ -91,7 +129,7 @@ def greedy_decode(
 
 @torch.no_grad()
 def beam_decode(
-    model: SymbolInvariantTransformer,
+    model: EncoderDecoder,
     src_fixed: torch.Tensor,
     src_sym: torch.Tensor,
     sym_mask: torch.Tensor,

@@ -27,7 +27,8 @@ Loss: cosine logits (features and tied output embeddings L2-normalised) scaled b
 joint output space "fixed token v" + "symbol stream k". Positions: tree positions in the encoder when the
 arities of the fixed tokens are given, else sinusoidal; sinusoidal in the decoder (SIT uses RoPE there;
 decoder positions are the same in every stream, so the choice does not touch invariance). Decoding:
-greedy and beam search (jobs/layers/symbolic_decoding.py).
+greedy and beam search (jobs/layers/symbolic_decoding.py, which also defines `EncoderState`, what the
+encoder hands the decoder).
 
 Agreements with the data side (jobs/data/symbolic.py), beyond the fixed interface:
 - PAD is fixed-token id 0; BOS/EOS ids are config fields `bos_id`, `eos_id` (defaults 1, 2): set them
@@ -49,7 +50,7 @@ Agreements with the data side (jobs/data/symbolic.py), beyond the fixed interfac
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +58,7 @@ from torch import nn
 
 from jobs.layers.symbolic_attention import LN_EPS, DecoderLayer, EncoderLayer, fuse_streams, stream_mean
 from jobs.layers.symbolic_config import PAPER_ABLATIONS, SymbolicModelConfig, parse_ablation
-from jobs.layers.symbolic_decoding import Decoded, beam_decode, greedy_decode, joint_to_pair
+from jobs.layers.symbolic_decoding import Decoded, EncoderState, beam_decode, greedy_decode, joint_to_pair
 from jobs.layers.symbolic_positions import PAD_ID, sinusoidal_positions, tree_positions
 
 __all__ = [
@@ -76,25 +77,6 @@ class BatchLike(Protocol):
     tgt_fixed: torch.Tensor
     tgt_sym: torch.Tensor
     sym_mask: torch.Tensor
-
-
-class EncoderState(NamedTuple):
-    """What decoding needs from one encoder pass (repeat(k) copies it for k beams per example)."""
-
-    memory: torch.Tensor  # [B, N, S, d] encoder streams
-    fused: torch.Tensor | None  # [B, 1, S, d] the aggregated encoder view (cross="aggregated")
-    key_mask: torch.Tensor  # [B, S] real source positions
-    stream_mask: torch.Tensor  # [B, N] streams that take part in means
-    sym_mask: torch.Tensor  # [B, n_max] as given: which "symbol k" outputs exist
-    table: torch.Tensor | None  # [B, n_max, d] symbol vectors of the baselines (None: invariant)
-
-    def repeat(self, k: int) -> EncoderState:
-        fused = None if self.fused is None else self.fused.repeat_interleave(k, dim=0)
-        table = None if self.table is None else self.table.repeat_interleave(k, dim=0)
-        memory, key_mask, stream_mask, sym_mask = (
-            t.repeat_interleave(k, dim=0) for t in (self.memory, self.key_mask, self.stream_mask, self.sym_mask)
-        )
-        return EncoderState(memory, fused, key_mask, stream_mask, sym_mask, table)
 
 
 class SymbolInvariantTransformer(nn.Module):
