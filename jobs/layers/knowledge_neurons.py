@@ -6,6 +6,7 @@ its value v_i is column i of `mlp.c_proj.weight` ([d, 4d]) and its activation is
 intervention here is a forward hook on `mlp.gelu` (the model code is not touched), at the prompt's last position,
 where a GPT predicts the next token (Dai et al. intervene at BERT's [MASK]).
 
+- `Fact`: a fact the model knows, with the prompts that state it.
 - `integrated_gradients`: attribution of P(target | prompt) to each neuron, per layer (Dai et al. eq. 2-3).
 - `coarse_neurons` / `refine`: attribution >= t·max per prompt, then those shared by a fraction p of a fact's
   prompts, p moved by 0.05 until the count lies in [min_count, max_count] (Dai et al.'s `2_get_kn.py`).
@@ -32,6 +33,18 @@ from jobs.layers.gpt import GPT
 class Neuron:
     layer: int
     index: int
+
+
+@dataclass
+class Fact:
+    """A fact the model knows: `key` -> `target`, the prompts that state it (Dai et al.'s paraphrases) and
+    P(target) on each."""
+
+    key: list[int]
+    target: int
+    prompts: torch.Tensor  # (P, T)
+    probs: list[float]  # P(target) per prompt
+    alternative: int | None = None  # the new target of an edit; None: the next fact's target
 
 
 class Context(NamedTuple):

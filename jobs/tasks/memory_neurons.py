@@ -206,17 +206,8 @@ class _LmSession:
         self.outer.log_artifact(name, data)
 
 
-@dataclass
-class Fact:
-    key: list[int]
-    target: int
-    prompts: torch.Tensor  # (P, T)
-    probs: list[float]  # P(target) per prompt
-    alternative: int | None = None  # the new target of an edit; None: the next fact's target
-
-
 @torch.no_grad()
-def find_facts(model: GPT, split: torch.Tensor, cfg: NeuronsConfig, skip: set[int]) -> list[Fact]:
+def find_facts(model: GPT, split: torch.Tensor, cfg: NeuronsConfig, skip: set[int]) -> list[kn.Fact]:
     """The facts the model knows best on `split` (module docstring, step 2)."""
     windows = split.unfold(0, cfg.prompt_len + 1, 1)  # (N, T + 1): every prompt and its next word
     probs = torch.cat([model(w[:, :-1])[:, -1].float().softmax(-1) for w in windows.split(256)])  # (N, V)
@@ -232,10 +223,10 @@ def find_facts(model: GPT, split: torch.Tensor, cfg: NeuronsConfig, skip: set[in
         rows = sorted(rows, key=lambda i: -confidence[i].item())[: cfg.prompts_per_fact]
         ranked.append((len(rows), sum(confidence[i].item() for i in rows) / len(rows), key, rows))
     ranked.sort(key=lambda r: (-r[0], -r[1], r[2]))
-    facts: list[Fact] = []
+    facts: list[kn.Fact] = []
     for _, _, key, rows in ranked:
         if key[-1] not in {f.target for f in facts}:  # one fact per target: each edit has a distinct new target
-            facts.append(Fact(list(key[:-1]), key[-1], windows[rows, :-1], [confidence[i].item() for i in rows]))
+            facts.append(kn.Fact(list(key[:-1]), key[-1], windows[rows, :-1], [confidence[i].item() for i in rows]))
         if len(facts) == cfg.num_facts:
             break
     return facts
@@ -277,17 +268,17 @@ def train_fact_lm(
 
 
 @torch.no_grad()
-def known_facts(model: GPT, world: synthetic.FactWorld, cfg: NeuronsConfig) -> list[Fact]:
+def known_facts(model: GPT, world: synthetic.FactWorld, cfg: NeuronsConfig) -> list[kn.Fact]:
     """`num_facts` facts whose attribute is top-1 on every one of their prompts, in a seeded order."""
     device = next(model.parameters()).device
     order = torch.randperm(len(world.facts), generator=torch.Generator().manual_seed(cfg.seed + 1)).tolist()
-    facts: list[Fact] = []
+    facts: list[kn.Fact] = []
     for f in order:
         subject, _, attribute = world.facts[f]
         prompts = world.prompts(f).to(device)  # (P, T)
         probs = model(prompts)[:, -1].float().softmax(-1)  # (P, V)
         if bool((probs.argmax(-1) == attribute).all()):
-            facts.append(Fact([subject], attribute, prompts, probs[:, attribute].tolist(), world.alternative(f)))
+            facts.append(kn.Fact([subject], attribute, prompts, probs[:, attribute].tolist(), world.alternative(f)))
         if len(facts) == cfg.num_facts:
             break
     return facts

@@ -3,22 +3,45 @@ values' top tokens, the keys' top contexts), the suppress / amplify intervention
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from jobs.data import facts as synthetic
 from jobs.data.text import decode
-
-if TYPE_CHECKING:
-    from jobs.tasks.memory_neurons import Fact, NeuronsConfig
+from jobs.layers.knowledge_neurons import Fact
 
 
-def data_name(cfg: NeuronsConfig) -> str:
+class ReportConfig(Protocol):
+    """The fields of memory.neurons' config the report prints (a protocol: the task imports this module)."""
+
+    @property
+    def source(self) -> str: ...
+    @property
+    def num_subjects(self) -> int: ...
+    @property
+    def corpus(self) -> str: ...
+    @property
+    def n_layer(self) -> int: ...
+    @property
+    def n_embd(self) -> int: ...
+    @property
+    def lm_steps(self) -> int: ...
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def share(self) -> float: ...
+    @property
+    def ig_steps(self) -> int: ...
+    @property
+    def edit_lambda(self) -> float: ...
+
+
+def data_name(cfg: ReportConfig) -> str:
     if cfg.source == "synthetic":
         return f"synthetic facts ({cfg.num_subjects} subjects x {len(synthetic.RELATIONS)} relations)"
     return cfg.corpus
 
 
-def report_markdown(cfg: NeuronsConfig, metrics: dict[str, float], rows: list[dict[str, Any]], vocab: list[str]) -> str:
+def report_markdown(cfg: ReportConfig, metrics: dict[str, float], rows: list[dict[str, Any]], vocab: list[str]) -> str:
     """Per fact: prompts, knowledge neurons with their keys' top contexts and values' top tokens, interventions."""
 
     def words(ids: list[int]) -> str:
