@@ -6,8 +6,8 @@ head settings (|Ω|, Ψ, optimiser, epochs) are not recoverable. This task runs 
 digits: scikit-learn's 8x8 digits (offline, the CPU default) or MNIST (IDX files, jobs/data/images.py), resized
 to `image_size` and normalised inside the model, with a torchvision ResNet-18/50 body (`weights=None`, 1-channel
 stem). Protocol (ours): Adam or AdamW, cross-entropy, optional per-epoch cosine decay, no augmentation; every
-epoch reports test accuracy on the fixed test split and checkpoints. `prototype_pictures` draws, for each
-prototype of a Tversky head, the images most similar to it.
+epoch reports test accuracy on the fixed test split and checkpoints. `prototype_pictures`
+(jobs/tasks/tversky_image_summary.py) draws, for each prototype of a Tversky head, the images most similar to it.
 
 The paper's frozen-backbone rows start from an ImageNet ResNet-50; none can be downloaded here. `pretrain_epochs`
 adds a first stage: the backbone is trained with a linear head (on labels < `pretrain_classes`: 10 = the same
@@ -54,7 +54,7 @@ from jobs.layers.image_heads import Backbone, ImageClassifier, Stem, count_param
 from jobs.layers.tversky import Difference, Init, Intersection, Semantics, SimilarityModel, TverskyProjection
 from jobs.registry import Task
 from jobs.runtime import Session
-from jobs.tables import TableRows, png_bytes
+from jobs.tables import TableRows
 from jobs.tasks.tversky_image_summary import summarize, trial_pictures, trial_row
 
 EVAL_BATCH = 512
@@ -405,48 +405,6 @@ def train(cfg: ImageConfig, session: Session) -> None:
         session.report({**metrics, **params}, checkpoint=state)
         if not finite:
             return
-
-
-def prototype_pictures(model: ImageClassifier, images: torch.Tensor, per_prototype: int = 8) -> bytes:
-    """PNG of a grid: row j = the `per_prototype` images most Tversky-similar to the head's prototype j.
-
-    `images` [N, C, H, W] in [0, 1] at the model's input size (e.g. training images through `resize`). The
-    similarity S(x, π_j) of a Tversky head is its logit j, so a row shows what the prototype has come to stand for.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure  # not pyplot: no global state, no GUI backend to pick
-
-    head = model.head
-    if not isinstance(head, TverskyProjection):
-        raise ValueError(f"prototype_pictures needs a Tversky head (head=tversky), got {type(head).__name__}")
-    if images.dim() != 4 or len(images) == 0:
-        raise ValueError(f"images: expected a non-empty [N, C, H, W] batch, got shape {tuple(images.shape)}")
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        sims = torch.cat(
-            [model(images[i : i + EVAL_BATCH].to(device)).cpu() for i in range(0, len(images), EVAL_BATCH)]
-        )
-    model.train(was_training)
-    k = min(per_prototype, len(images))
-    scores, top = sims.topk(k, dim=0)  # [N, P] -> [k, P]: the best images of each prototype
-    prototypes = sims.shape[1]
-
-    fig = Figure(figsize=(1.2 * k, 1.3 * prototypes))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(prototypes, k, squeeze=False)
-    for j in range(prototypes):
-        for r in range(k):
-            ax = axes[j][r]
-            picture = images[int(top[r, j])].detach().float().cpu()  # [C, H, W]
-            ax.imshow(picture[0] if picture.shape[0] == 1 else picture.permute(1, 2, 0), cmap="gray", vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            ax.set_title(f"{float(scores[r, j]):.3g}", fontsize=7)
-        axes[j][0].set_ylabel(f"π{j}", rotation=0, labelpad=14)
-    fig.suptitle("Most similar images per prototype (title: S(x, π))", fontsize=9)
-    return png_bytes(fig, dpi=80)
 
 
 TASK = Task(

@@ -3,8 +3,8 @@
 - `trial_pictures`: on a head that reads pixels (backbone none), `input_space.png`: the linear layer's weights or the
   Tversky head's prototypes and its most salient features, each drawn as an image, as the paper draws them (the
   paper: Tversky prototypes look like strokes a person recognises, linear weights like textures). On a ResNet, a
-  Tversky head's `prototypes.png`: the training images most similar to each prototype (its prototypes live in
-  feature space, where there is nothing to draw).
+  Tversky head's `prototypes.png` (`prototype_pictures`): the training images most similar to each prototype (its
+  prototypes live in feature space, where there is nothing to draw).
 - `trial_row`: the trial's outcome (and, for a pixel head, its weights as numbers) under the `table` metric, which
   the worker hands, with every trial's config, to `summarize`.
 - `summarize`: accuracy.md / accuracy.csv, mean ± sample std over seeds of the final test accuracy per setting and
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,29 @@ from jobs.tables import check_rows, csv_bytes, group_rows, markdown_table, mean_
 
 if TYPE_CHECKING:
     from jobs.layers.image_heads import ImageClassifier
-    from jobs.tasks.tversky_image import ImageConfig
+
+
+class TrialConfig(Protocol):
+    """The fields of tversky.image's config a trial's pictures and row read (a protocol: the task imports this
+    module). ROW_KEYS are these, each a column of the sweep's table."""
+
+    @property
+    def dataset(self) -> str: ...
+    @property
+    def backbone(self) -> str: ...
+    @property
+    def freeze_backbone(self) -> bool: ...
+    @property
+    def pretrain_epochs(self) -> int: ...
+    @property
+    def pretrain_classes(self) -> int: ...
+    @property
+    def image_size(self) -> int: ...
+    @property
+    def head(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
+
 
 SHOWN_FEATURES = 10  # the most salient features drawn beside a Tversky head's prototypes
 ARM_KEYS = ("dataset", "backbone", "freeze_backbone", "pretrain_epochs", "pretrain_classes")
@@ -89,10 +111,53 @@ def draw_rows(rows: list[tuple[str, torch.Tensor]], title: str) -> bytes:
     return png_bytes(fig, dpi=80)
 
 
-def trial_pictures(model: ImageClassifier, cfg: ImageConfig, sample: torch.Tensor) -> dict[str, bytes]:
-    """The trial's pictures, by file name (see the module docstring); `sample` [N, 1, S, S] for prototypes.png."""
-    from jobs.tasks.tversky_image import prototype_pictures  # the task imports this module
+def prototype_pictures(
+    model: ImageClassifier, images: torch.Tensor, per_prototype: int = 8, batch_size: int = 512
+) -> bytes:
+    """PNG of a grid: row j = the `per_prototype` images most Tversky-similar to the head's prototype j.
 
+    `images` [N, C, H, W] in [0, 1] at the model's input size (e.g. training images through `resize`), scored
+    `batch_size` at a time. The similarity S(x, π_j) of a Tversky head is its logit j, so a row shows what the
+    prototype has come to stand for.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # not pyplot: no global state, no GUI backend to pick
+
+    head = model.head
+    if not isinstance(head, TverskyProjection):
+        raise ValueError(f"prototype_pictures needs a Tversky head (head=tversky), got {type(head).__name__}")
+    if images.dim() != 4 or len(images) == 0:
+        raise ValueError(f"images: expected a non-empty [N, C, H, W] batch, got shape {tuple(images.shape)}")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        sims = torch.cat(
+            [model(images[i : i + batch_size].to(device)).cpu() for i in range(0, len(images), batch_size)]
+        )
+    model.train(was_training)
+    k = min(per_prototype, len(images))
+    scores, top = sims.topk(k, dim=0)  # [N, P] -> [k, P]: the best images of each prototype
+    prototypes = sims.shape[1]
+
+    fig = Figure(figsize=(1.2 * k, 1.3 * prototypes))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(prototypes, k, squeeze=False)
+    for j in range(prototypes):
+        for r in range(k):
+            ax = axes[j][r]
+            picture = images[int(top[r, j])].detach().float().cpu()  # [C, H, W]
+            ax.imshow(picture[0] if picture.shape[0] == 1 else picture.permute(1, 2, 0), cmap="gray", vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(f"{float(scores[r, j]):.3g}", fontsize=7)
+        axes[j][0].set_ylabel(f"π{j}", rotation=0, labelpad=14)
+    fig.suptitle("Most similar images per prototype (title: S(x, π))", fontsize=9)
+    return png_bytes(fig, dpi=80)
+
+
+def trial_pictures(model: ImageClassifier, cfg: TrialConfig, sample: torch.Tensor) -> dict[str, bytes]:
+    """The trial's pictures, by file name (see the module docstring); `sample` [N, 1, S, S] for prototypes.png."""
     if cfg.backbone == "none":
         images = input_space_images(model, cfg.image_size)
         rows = [(name, w) for name, w in images.items()]
@@ -104,7 +169,7 @@ def trial_pictures(model: ImageClassifier, cfg: ImageConfig, sample: torch.Tenso
 
 
 def trial_row(
-    model: ImageClassifier, cfg: ImageConfig, metrics: dict[str, Any], params: dict[str, Any], pretrain: dict[str, Any]
+    model: ImageClassifier, cfg: TrialConfig, metrics: dict[str, Any], params: dict[str, Any], pretrain: dict[str, Any]
 ) -> dict[str, Any]:
     """The trial's row of the `table` metric: its settings, final accuracy, sizes, stage one, pixel weights."""
     row: dict[str, Any] = {k: getattr(cfg, k) for k in ROW_KEYS}

@@ -26,10 +26,10 @@ from jobs.tasks.tversky_image import (
     build_model,
     example_input,
     pretrain_path,
-    prototype_pictures,
     summarize,
     train,
 )
+from jobs.tasks.tversky_image_summary import prototype_pictures
 
 REPO = Path(__file__).resolve().parents[3]
 # A tiny budget: 48 digits at 16x16, batches of 16, so one epoch is 3 optimizer steps.
