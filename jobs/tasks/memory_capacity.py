@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from jobs.config import check_fields
 from jobs.layers.memory import ACTIVATIONS, Activation, KeyValueMemory
+from jobs.memory_metrics import capacity_from_curve
 from jobs.registry import Task
 from jobs.runtime import Session
 from jobs.stats import versus_baseline
@@ -195,16 +196,6 @@ def constant_baseline(cfg: CapacityConfig, values: torch.Tensor, params: int) ->
             "baseline/chance_recall": 2.0**-cfg.d if cfg.values == "sign" else 1 / cfg.classes,
         },
     }
-
-
-def capacity_from_curve(loads: list[int], recalls: list[float], threshold: float) -> int:
-    """N*: the largest load whose recall, and every smaller load's, is >= threshold (0 if the first fails)."""
-    best = 0
-    for n, r in sorted(zip(loads, recalls, strict=True)):
-        if r < threshold:
-            break
-        best = n
-    return best
 
 
 def _h2(p: float) -> float:

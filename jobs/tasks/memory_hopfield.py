@@ -47,11 +47,11 @@ import torch
 
 from jobs.config import check_fields
 from jobs.layers.hopfield import RULES, DenseActivation, HopfieldMemory, Rule
+from jobs.memory_metrics import capacity_from_curve
 from jobs.registry import Task
 from jobs.runtime import Session
 from jobs.stats import versus_baseline
 from jobs.tables import TableRows, check_rows, csv_bytes, group_rows, png_bytes
-from jobs.tasks.memory_capacity import capacity_from_curve
 
 CLASSICAL_CAPACITY = 0.138  # α_c of Amit, Gutfreund & Sompolinsky 1985 (the "0.14 d")
 

@@ -15,13 +15,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from jobs.config import field_docs
 from jobs.layers.memory import KeyValueMemory
+from jobs.memory_metrics import capacity_from_curve
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
 from jobs.tasks.memory_capacity import (
     TASK,
     CapacityConfig,
     build_model,
-    capacity_from_curve,
     channel_bits,
     constant_baseline,
     evaluate,
