@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from jobs.config import check_fields
+from jobs.data.xor import xor_data
 from jobs.layers.tversky import Difference, Init, Intersection, Semantics, SimilarityModel, TverskyProjection
 from jobs.registry import Task
 from jobs.runtime import Session
@@ -91,13 +92,7 @@ def build_model(cfg: XorConfig) -> TverskyProjection:
 
 
 def example_input(cfg: XorConfig) -> torch.Tensor:
-    return torch.tensor([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])  # [4, 2]
-
-
-def xor_data() -> tuple[torch.Tensor, torch.Tensor]:
-    x = example_input(XorConfig())
-    y = (x[:, 0] != x[:, 1]).long()  # [4]: 0, 1, 1, 0
-    return x, y
+    return xor_data()[0]  # [4, 2]: the whole data set
 
 
 def _grads_finite(model: torch.nn.Module) -> bool:

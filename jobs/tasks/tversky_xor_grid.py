@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jobs.config import check_fields
+from jobs.data.xor import xor_data
 from jobs.layers.tversky import (
     INITS,
     SEMANTICS,
@@ -57,7 +58,6 @@ from jobs.layers.tversky_grid import grid_similarity, official_layer, official_s
 from jobs.registry import Task
 from jobs.runtime import Session
 from jobs.tables import TableRows
-from jobs.tasks.tversky_xor import xor_data
 from jobs.tasks.tversky_xor_grid_summary import AXES, summarize
 
 Implementation = Literal["ours", "official"]

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from pydantic import TypeAdapter, ValidationError
 
 from jobs.config import field_docs
+from jobs.data.xor import xor_data
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
 from jobs.tasks.tversky_xor import (
@@ -24,7 +25,6 @@ from jobs.tasks.tversky_xor import (
     example_input,
     majority_accuracy,
     train,
-    xor_data,
 )
 
 REPO = Path(__file__).resolve().parents[3]

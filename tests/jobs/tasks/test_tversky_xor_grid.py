@@ -20,6 +20,7 @@ import tversky.nn as ref_nn
 from pydantic import TypeAdapter, ValidationError
 
 from jobs.config import field_docs
+from jobs.data.xor import xor_data
 from jobs.layers import tversky_grid
 from jobs.layers.tversky import DIFFERENCES, INTERSECTIONS, SIMILARITIES, TverskyProjection
 from jobs.layers.tversky_grid import REDUCE
@@ -113,7 +114,7 @@ def test_batched_forward_matches_the_layer(intersection: str, difference: str, s
         grid.prototypes.copy_(torch.randn_like(grid.prototypes))
         for name in ("theta", "alpha", "beta"):
             getattr(grid, name).copy_(torch.rand_like(getattr(grid, name)) + 0.5)
-    x = tversky_xor.xor_data()[0]
+    x = xor_data()[0]
     out = grid(x)  # [M, 4, 2]
     weights = torch.randn_like(out)  # a generic upstream gradient
     (out * weights).sum().backward()
@@ -150,7 +151,7 @@ def test_each_model_starts_as_the_single_xor_task() -> None:
     # that into a full lr-sized step, so runs drift apart by rounding alone; the reference layer does the same.)
     cfg = XorGridConfig(features=(2, 4), prototype_inits=("uniform", "orthogonal"), feature_inits=("normal",), seeds=2)
     grid = build_model(cfg)
-    x, y = tversky_xor.xor_data()
+    x, y = xor_data()
     per_model_loss(grid(x), y).sum().backward()
     for m, p in enumerate(grid_points(cfg)):
         single_cfg = tversky_xor.XorConfig(
@@ -198,7 +199,7 @@ def _run(cfg: XorGridConfig, checkpoint: dict[str, Any] | None = None) -> LocalS
 
 def test_tiny_run_takes_optimizer_steps() -> None:
     initial = build_model(TINY)
-    x, y = tversky_xor.xor_data()
+    x, y = xor_data()
     with torch.no_grad():
         initial_loss = per_model_loss(initial(x), y).mean().item()
         # θ's gradient is Σ f(A∩B) ∂L/∂S: a model whose inputs and prototypes share no feature at init gets none.
@@ -424,7 +425,7 @@ def _official_grid(intersection: str) -> Any:
 @pytest.mark.parametrize("intersection", ["gmean", "min", "product"])
 def test_official_path_is_the_library_nan_included(intersection: str) -> None:
     cfg, grid = _official_grid(intersection)
-    x = tversky_xor.xor_data()[0]
+    x = xor_data()[0]
     out = grid(x)
     weights = torch.randn_like(out)
     (out * weights).sum().backward()
