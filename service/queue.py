@@ -4,70 +4,35 @@ States: queued -> running -> succeeded | failed | cancelled. A claim is a lease 
 expiry) that the worker renews by heartbeat. Every write a worker makes about its sweep is fenced
 on (worker id, attempt): a worker presumed dead that wakes up cannot finish a sweep that was since
 given to another worker. Expired leases are reclaimed at every claim.
+
+`QueueStore` is the one object callers use. It holds the sweep rows and their leases here, and takes
+the trial rows from service.trial_ledger.TrialLedger and the workers' rows and routing view from
+service.worker_rows.WorkerRows (engine, sessions and the outage wait: service.store_base).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
-from sqlalchemy import (
-    Connection,
-    Engine,
-    Integer,
-    Table,
-    and_,
-    bindparam,
-    case,
-    delete,
-    func,
-    insert,
-    or_,
-    select,
-    update,
-)
-from sqlalchemy import cast as sql_cast
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy import Table, func, select, update
 from sqlalchemy.orm import Session
 
-from service.db import get_engine, migrate, session_factory
 from service.errors import InvalidTransition, LeaseLost, SweepNotFound
-from service.models import (
-    TERMINAL,
-    TRIAL_ENDED,
-    Event,
-    QueueWorker,
-    Sweep,
-    SweepState,
-    Trial,
-    TrialState,
-    utcnow,
-)
-from service.routing import LIVE_SECONDS, Need, Node, SeenWorker, Waiting, fits_sql, waiting
+from service.models import TERMINAL, Event, Sweep, SweepState, TrialState, utcnow
+from service.routing import Need, Node, fits_sql
 from service.spec import SweepSpec, spec_to_yaml
+from service.store_base import waits_out_outages
+from service.trial_ledger import TrialLedger
+from service.worker_rows import WorkerRows
+
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "Claim", "QueueStore", "waits_out_outages"]
 
 log = logging.getLogger(__name__)
-F = TypeVar("F", bound=Callable[..., Any])
-TRIALS = cast(Table, Trial.__table__)
-NEW_TRIAL = {
-    "state": TrialState.pending.value,
-    "config": {},
-    "iteration": 0,
-    "starts": 0,
-    "logged_iteration": 0,
-    "checkpoint_iteration": 0,
-}
 DEFAULT_MAX_ATTEMPTS = 5
-
-
-def _trial_key(sweep_id: int, trial_id: str) -> tuple[Any, Any]:
-    return TRIALS.c.sweep_id == sweep_id, TRIALS.c.trial_id == trial_id
 
 
 @dataclass(frozen=True)
@@ -83,54 +48,8 @@ class Claim:
     mlflow_parent_run_id: str | None
 
 
-def waits_out_outages(method: F) -> F:
-    """A worker's call waits out a database it cannot reach (up to the store's `outage_seconds`), then
-    carries on, reconnecting through the pool's pre-ping. Each call is one transaction, so a failed
-    attempt left nothing behind and runs again whole. (Unless the server died between committing and
-    answering: a retried `trial_started` then counts one start twice, a retried `finish` finds the sweep
-    ended and raises LeaseLost.)"""
-
-    @functools.wraps(method)
-    def wrapper(store: QueueStore, *args: Any, **kwargs: Any) -> Any:
-        started, attempts = time.monotonic(), 0
-        while True:
-            try:
-                result = method(store, *args, **kwargs)
-            except DBAPIError as exc:
-                waited = time.monotonic() - started
-                unreachable = isinstance(exc, OperationalError) or exc.connection_invalidated
-                if not unreachable or waited >= store.outage_seconds:
-                    raise
-                if attempts % 30 == 0:  # once, then about every 30 s
-                    log.warning("queue database unreachable (%s); %s waits (%.0fs)", exc.orig, method.__name__, waited)
-                attempts += 1
-                time.sleep(1.0)
-                continue
-            if attempts:
-                log.info("queue database back after %.0fs; %s done", time.monotonic() - started, method.__name__)
-            return result
-
-    return cast(F, wrapper)
-
-
-class QueueStore:
-    def __init__(self, url: str, *, run_migrations: bool = True, outage_seconds: float = 0.0) -> None:
-        """`outage_seconds`: how long worker-side calls wait out an unreachable database (the API's
-        store keeps 0: it answers 503 at once and lets the client retry)."""
-        self.outage_seconds = outage_seconds
-        self.engine: Engine = get_engine(url)
-        if run_migrations:
-            migrate(self.engine)
-        self._sessions = session_factory(self.engine)
-        self.is_postgres = self.engine.dialect.name == "postgresql"
-        self._pruned_for: set[str] = set()
-
-    def session(self) -> Session:
-        return self._sessions()
-
-    def ping(self) -> None:
-        with self.engine.connect() as conn:
-            conn.exec_driver_sql("SELECT 1")
+class QueueStore(TrialLedger, WorkerRows):
+    """Sweeps and their leases; trial rows (TrialLedger) and worker rows (WorkerRows) by inheritance."""
 
     # --- submit / read / cancel (API side) ---------------------------------------------------
 
@@ -176,16 +95,6 @@ class QueueStore:
             q = q.where(Sweep.state == state)
         with self.session() as s:
             return list(s.scalars(q))
-
-    @waits_out_outages
-    def trials(self, sweep_id: int) -> list[Trial]:
-        with self.session() as s:
-            return list(s.scalars(select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.id)))
-
-    def trial_counts(self, sweep_id: int) -> dict[str, int]:
-        q = select(Trial.state, func.count()).where(Trial.sweep_id == sweep_id).group_by(Trial.state)
-        with self.session() as s:
-            return {state: n for state, n in s.execute(q)}
 
     def events(self, sweep_id: int) -> list[Event]:
         with self.session() as s:
@@ -254,14 +163,6 @@ class QueueStore:
                 return False
             self._close_trials(conn, sweep_id, trial_state, reason)
             return True
-
-    def _close_trials(self, conn: Connection, sweep_id: int, state: TrialState, reason: str) -> None:
-        unfinished = TRIALS.c.state.not_in([st.value for st in TRIAL_ENDED])
-        conn.execute(
-            update(TRIALS)
-            .where(TRIALS.c.sweep_id == sweep_id, unfinished)
-            .values(state=state.value, reason=reason, updated_at=utcnow())
-        )
 
     def _locked(self, s: Session, sweep_id: int) -> Sweep:
         q = select(Sweep).where(Sweep.id == sweep_id)
@@ -352,54 +253,6 @@ class QueueStore:
         log.info("claim sweep %s", claim.sweep_id, extra={"action": "claim", "job_id": claim.sweep_id})
         return claim
 
-    # --- workers' heartbeat rows and routing (service.routing) --------------------------------
-
-    def _floor(self, x: Any) -> Any:
-        """floor() of a non-negative float in SQL: SQLite has no floor() without its math extension."""
-        return func.floor(x) if self.is_postgres else sql_cast(x, Integer)
-
-    def _seen(self, s: Session, worker_id: str, offer: Sequence[Node], sweep_id: int | None) -> None:
-        """Upsert the worker's row; at a worker's first poll, prune rows of workers gone a day."""
-        values = {"nodes": [dict(n) for n in offer], "seen_at": utcnow(), "sweep_id": sweep_id}
-        dialect = postgresql if self.is_postgres else sqlite
-        stmt = dialect.insert(QueueWorker).values(id=worker_id, **values)
-        s.execute(stmt.on_conflict_do_update(index_elements=[QueueWorker.id], set_=values))
-        if worker_id not in self._pruned_for:
-            self._pruned_for.add(worker_id)
-            s.execute(delete(QueueWorker).where(QueueWorker.seen_at < utcnow() - timedelta(days=1)))
-
-    def forget_worker(self, worker_id: str) -> None:
-        """A worker that stops (not one that dies) leaves the live count at once."""
-        with self.session() as s, s.begin():
-            s.execute(delete(QueueWorker).where(QueueWorker.id == worker_id))
-
-    def live_workers(self, within: float = LIVE_SECONDS) -> list[SeenWorker]:
-        q = select(QueueWorker).where(QueueWorker.seen_at >= utcnow() - timedelta(seconds=within))
-        with self.session() as s:
-            return [SeenWorker(w.id, list(w.nodes or []), w.sweep_id) for w in s.scalars(q.order_by(QueueWorker.id))]
-
-    def waiting(self, sweep: Any, seen: list[SeenWorker] | None = None) -> Waiting:
-        """What a queued sweep (the ORM row or service.reads' row) waits for; `seen`: live_workers(), when
-        the caller asks for several sweeps."""
-        ahead = select(func.count()).where(
-            Sweep.state == SweepState.queued,
-            or_(
-                Sweep.priority > sweep.priority,
-                and_(Sweep.priority == sweep.priority, Sweep.submitted_at < sweep.submitted_at),
-                and_(Sweep.priority == sweep.priority, Sweep.submitted_at == sweep.submitted_at, Sweep.id < sweep.id),
-            ),
-        )
-        with self.session() as s:
-            n_ahead = int(s.scalar(ahead) or 0)
-        need = Need(cpus=sweep.need_cpus, gpus=sweep.need_gpus, workers=sweep.need_workers)
-        return waiting(need, self.live_workers() if seen is None else seen, n_ahead)
-
-    def running_leases(self) -> list[tuple[int, str | None]]:
-        """(sweep id, lease holder) of every running sweep."""
-        q = select(Sweep.id, Sweep.worker_id).where(Sweep.state == SweepState.running)
-        with self.session() as s:
-            return [(sweep_id, worker_id) for sweep_id, worker_id in s.execute(q)]
-
     def expire_lease(self, sweep_id: int, worker_id: str, why: str) -> bool:
         """End a lease now (its holder is known to be dead): the next claim reclaims the sweep."""
         with self.session() as s, s.begin():
@@ -429,8 +282,7 @@ class QueueStore:
             res = s.execute(self._fenced(claim).values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))
             if res.rowcount != 1:  # type: ignore[attr-defined]
                 raise LeaseLost(claim.sweep_id, claim.worker_id, claim.attempt)
-            workers = update(QueueWorker).where(QueueWorker.id == claim.worker_id)
-            s.execute(workers.values(seen_at=utcnow(), sweep_id=claim.sweep_id))
+            self._heard(s, claim.worker_id, claim.sweep_id)
             return bool(s.scalar(select(Sweep.cancel_requested).where(Sweep.id == claim.sweep_id)))
 
     @waits_out_outages
@@ -471,89 +323,3 @@ class QueueStore:
         with self.session() as s, s.begin():
             if s.execute(self._fenced(claim).values(**values)).rowcount != 1:  # type: ignore[attr-defined]
                 raise LeaseLost(claim.sweep_id, claim.worker_id, claim.attempt)
-
-    # --- trials ------------------------------------------------------------------------------
-
-    # A trial's writes are single Core UPDATEs (one statement, no ORM load and flush): the worker makes
-    # four per trial inside Tune's loop, 6.2 ms of CPU per trial as ORM read-modify-writes on SQLite.
-    # Only one worker drives a sweep's trials, so the insert of a missing row has no rival.
-
-    def _update_trial(self, conn: Connection, sweep_id: int, trial_id: str, **values: Any) -> None:
-        """UPDATE the trial's row, first creating it if the sweep has none by that id yet."""
-        stmt = update(TRIALS).where(*_trial_key(sweep_id, trial_id)).values(**values)
-        if conn.execute(stmt).rowcount == 0:
-            conn.execute(insert(TRIALS).values(sweep_id=sweep_id, trial_id=trial_id, **NEW_TRIAL, updated_at=utcnow()))
-            conn.execute(stmt)
-
-    @waits_out_outages
-    def trial_started(self, sweep_id: int, trial_id: str, config: dict[str, Any], node_id: str | None = None) -> None:
-        node = {"node_id": node_id} if node_id else {}
-        with self.engine.begin() as conn:
-            self._update_trial(
-                conn, sweep_id, trial_id, state=TrialState.running.value, config=config, starts=TRIALS.c.starts + 1,
-                reason=None, updated_at=utcnow(), **node,
-            )  # fmt: skip
-
-    @waits_out_outages
-    def trial_result(
-        self,
-        sweep_id: int,
-        trial_id: str,
-        iteration: int,
-        metrics: dict[str, Any],
-        node_id: str | None = None,
-        *,
-        to_log: bool = False,
-    ) -> bool:
-        """Record a result (the trial's latest unless an older iteration comes late). With `to_log`, also
-        move the logged high-water mark forward in the same transaction and return False if `iteration`
-        was logged already."""
-        newer = bindparam("iteration", iteration, type_=Integer) >= TRIALS.c.iteration  # SET sees the old row
-        new_metrics = bindparam("metrics", metrics, type_=TRIALS.c.metrics.type)
-        node = {"node_id": node_id} if node_id else {}
-        with self.engine.begin() as conn:
-            self._update_trial(
-                conn, sweep_id, trial_id,
-                iteration=case((newer, iteration), else_=TRIALS.c.iteration),
-                metrics=case((newer, new_metrics), else_=TRIALS.c.metrics),
-                updated_at=utcnow(), **node,
-            )  # fmt: skip
-            if not to_log:
-                return False
-            # The row is locked by the UPDATE above (and SQLite's BEGIN IMMEDIATE): no race.
-            unlogged = update(TRIALS).where(*_trial_key(sweep_id, trial_id), TRIALS.c.logged_iteration < iteration)
-            moved = conn.execute(unlogged.values(logged_iteration=iteration))
-            return bool(moved.rowcount == 1)
-
-    @waits_out_outages
-    def trial_ended(
-        self,
-        sweep_id: int,
-        trial_id: str,
-        state: TrialState,
-        final_result: dict[str, Any] | None = None,
-        reason: str | None = None,
-    ) -> None:
-        with self.engine.begin() as conn:
-            self._update_trial(
-                conn, sweep_id, trial_id, state=state.value, final_result=final_result, reason=reason,
-                updated_at=utcnow(),
-            )  # fmt: skip
-
-    @waits_out_outages
-    def trial_checkpoint(self, sweep_id: int, trial_id: str, path: str, iteration: int) -> None:
-        """The trial's newest checkpoint (kept if an older iteration's comes late)."""
-        newer = bindparam("it", iteration, type_=Integer) >= TRIALS.c.checkpoint_iteration
-        with self.engine.begin() as conn:
-            self._update_trial(
-                conn, sweep_id, trial_id,
-                checkpoint_path=case((newer, path), else_=TRIALS.c.checkpoint_path),
-                checkpoint_iteration=case((newer, iteration), else_=TRIALS.c.checkpoint_iteration),
-            )  # fmt: skip
-
-    @waits_out_outages
-    def set_trial_run(self, sweep_id: int, trial_id: str, run_id: str) -> str:
-        """Store the trial's MLflow run id once; returns the id that won (an earlier one if stored)."""
-        with self.engine.begin() as conn:
-            self._update_trial(conn, sweep_id, trial_id, mlflow_run_id=func.coalesce(TRIALS.c.mlflow_run_id, run_id))
-            return str(conn.scalar(select(TRIALS.c.mlflow_run_id).where(*_trial_key(sweep_id, trial_id))))
