@@ -11,8 +11,8 @@ Protocol (source=synthetic, the default: facts a small model can store, as Dai e
 Steps 3-6 below as for the corpus.
 
 Protocol (source=corpus: word-pair "facts" of a text corpus, kept to compare with the synthetic facts):
-1. Train the `tversky.lm` GPT (linear head by default) on the pydoc corpus for `lm_steps`, through
-   `jobs.tasks.tversky_lm.train` itself: same model, data, optimiser and schedule.
+1. Train the `tversky.lm` GPT (linear head by default) on the pydoc corpus for `lm_steps`: the same model and
+   data (jobs/gpt_lm.py), optimiser and schedule (jobs/lm_loop.py) as tversky.lm, from one `LmConfig`.
 2. Facts. Every `prompt_len`-token window of the valid split is a prompt and the word after it its target. A
    prompt is known when the target is the model's top-1 next word (<unk> and <eos> are no words). A fact is a key (the
    prompt's last `fact_context` words) -> target, e.g. "passed -> to". Its prompts are its `prompts_per_fact` most
@@ -46,7 +46,7 @@ from typing import Annotated, Any, Literal
 import annotated_types as at
 import torch
 
-from jobs import lm_loop
+from jobs import gpt_lm, lm_loop
 from jobs.config import check_fields, check_lm_schedule
 from jobs.data import facts as synthetic
 from jobs.data.paths import DataPath
@@ -55,7 +55,6 @@ from jobs.layers import knowledge_neurons as kn
 from jobs.layers.gpt import GPT, Projection
 from jobs.registry import Task
 from jobs.runtime import Session
-from jobs.tasks import tversky_lm
 from jobs.tasks.memory_neurons_report import report_markdown
 
 
@@ -155,8 +154,8 @@ METRICS = {
 }
 
 
-def lm_config(cfg: NeuronsConfig) -> tversky_lm.LmConfig:
-    return tversky_lm.LmConfig(
+def lm_config(cfg: NeuronsConfig) -> gpt_lm.LmConfig:
+    return gpt_lm.LmConfig(
         corpus=cfg.corpus,
         data_files=cfg.data_files,
         vocab_size=cfg.vocab_size,
@@ -178,7 +177,7 @@ def build_model(cfg: NeuronsConfig) -> GPT:
     lm = lm_config(cfg)
     if cfg.source == "synthetic":  # the vocabulary is the world's: its words, attributes and names
         lm = dataclasses.replace(lm, vocab_size=len(synthetic.make_world(cfg.num_subjects, cfg.seed).vocab))
-    return tversky_lm.build_model(lm)
+    return gpt_lm.build_model(lm)
 
 
 def example_input(cfg: NeuronsConfig) -> torch.Tensor:
@@ -186,8 +185,8 @@ def example_input(cfg: NeuronsConfig) -> torch.Tensor:
 
 
 class _LmSession:
-    """The session tversky_lm.train sees: the trial's device and ranks; its report is kept, not forwarded. Every
-    Tune report must carry the sweep's metric (kn/...), which exists only once the analysis has run."""
+    """The session the corpus LM's loop sees: the trial's device and ranks; its report is kept, not forwarded.
+    Every Tune report must carry the sweep's metric (kn/...), which exists only once the analysis has run."""
 
     def __init__(self, outer: Session) -> None:
         self.outer = outer
@@ -267,6 +266,27 @@ def train_fact_lm(
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, metrics
 
 
+def train_corpus_lm(
+    cfg: NeuronsConfig, session: Session
+) -> tuple[dict[str, torch.Tensor], list[str], dict[str, float]]:
+    """Train the GPT on the corpus (module docstring, corpus step 1) -> (state dict, vocabulary, metrics).
+
+    tversky.lm's recipe: its model and token streams (jobs/gpt_lm.py) and its loop (jobs/lm_loop.py), one report
+    at the last step (eval_every = lm_steps), kept rather than sent to Tune (`_LmSession`)."""
+    # --- setup
+    lm = lm_config(cfg)
+    torch.manual_seed(lm.seed)
+    lm_loop.check_world(lm, session)
+    train_ids, valid_ids, extra_state = gpt_lm.load_data(lm, None)  # a resumed trial never trains the LM again
+    model = gpt_lm.build_model(lm)
+
+    # --- train: only val/loss is read, so the loop's metrics go through as they are
+    quiet = _LmSession(session)
+    lm_loop.train_lm(lm, quiet, model, train_ids, valid_ids, lambda metrics: metrics, extra_state)
+    assert quiet.state is not None, "train_lm reports at its last step"
+    return quiet.state["model"], quiet.state["vocab"], quiet.metrics
+
+
 @torch.no_grad()
 def known_facts(model: GPT, world: synthetic.FactWorld, cfg: NeuronsConfig) -> list[kn.Fact]:
     """`num_facts` facts whose attribute is top-1 on every one of their prompts, in a seeded order."""
@@ -301,10 +321,7 @@ def train(cfg: NeuronsConfig, session: Session) -> None:
         weights, lm_metrics = train_fact_lm(cfg, world, device)
         vocab = world.vocab
     else:
-        lm = _LmSession(session)
-        tversky_lm.train(lm_config(cfg), lm)
-        assert lm.state is not None, "tversky.lm reports at its last step"
-        weights, vocab, lm_metrics = lm.state["model"], lm.state["vocab"], lm.metrics
+        weights, vocab, lm_metrics = train_corpus_lm(cfg, session)
     model = build_model(cfg).to(device)
     model.load_state_dict(weights)
     model.eval().requires_grad_(False)  # integrated gradients needs gradients of activations only

@@ -16,7 +16,7 @@ from jobs.data import facts as synthetic
 from jobs.layers.gpt import GPT
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
-from jobs.tasks import memory_neurons, tversky_lm
+from jobs.tasks import memory_neurons
 from jobs.tasks.memory_neurons import TASK, NeuronsConfig, build_model, example_input, train
 
 # A tiny budget on the real pydoc corpus: ~4 s of LM training on one thread, then 3 facts x 2 prompts. Smaller
@@ -129,7 +129,7 @@ def test_resume_reuses_the_weights(
     def no_training(*args: object) -> None:
         raise AssertionError("a resumed trial must not train the LM again")
 
-    monkeypatch.setattr(tversky_lm, "train", no_training)
+    monkeypatch.setattr(memory_neurons, "train_corpus_lm", no_training)
     session = LocalSession(checkpoint=first.last_checkpoint, quiet=True)
     train(cfg, session)
     assert session.history == first.history  # the analysis is deterministic given the weights
