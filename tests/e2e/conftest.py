@@ -6,10 +6,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,19 +16,9 @@ import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
-from service.local_ray import free_port
-
-LAYERLAB = str(Path(sys.executable).with_name("layerlab"))
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+# Re-imported so that the stack modules' `from tests.e2e.conftest import ...` keep working; new code imports
+# them from tests.support.
+from tests.support import LAYERLAB, free_port, wait_until
 
 
 @dataclass

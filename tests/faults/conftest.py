@@ -7,84 +7,26 @@ runs before the module's `stack`; worker-only settings (RAY_ADDRESS) go into `st
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 from sqlalchemy import select
 
 from service.models import Event
 from service.queue import QueueStore
-from tests.e2e.conftest import free_port, stack, workers  # noqa: F401 - stack fixtures for every module
+from tests.e2e.conftest import stack, workers  # noqa: F401 - stack fixtures for every module
 from tests.production.cluster import RAY_ENV, RayCluster
+from tests.support import PrivatePostgres, free_port, private_postgres  # noqa: F401 - for the fault modules
 
 LONG = os.environ.get("LAYERLAB_FAULTS_LONG") == "1"
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 # A killed Ray node is declared dead after period x threshold; Ray's defaults take about 15-30 s.
 FAST_NODE_DEATH = {
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_timeout_ms": "1000",
     "RAY_health_check_failure_threshold": "3",
 }
-
-
-# --- a private PostgreSQL server ---------------------------------------------------------------
-
-
-@dataclass
-class PrivatePostgres:
-    """A PostgreSQL cluster of our own (initdb in a temp dir) that a test may stop and start at will;
-    the machine's shared server on 5432 serves other tests and is never touched."""
-
-    data: Path
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _pg_ctl(self, *args: str) -> None:
-        cmd = ["runuser", "-u", "postgres", "--", str(PG_BIN / "pg_ctl"), "-D", str(self.data / "db"), *args]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, f"{' '.join(cmd)}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-
-    def start(self) -> None:
-        opts = f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1"
-        self._pg_ctl("-o", opts, "-l", str(self.data / "postgres.log"), "-w", "start")
-
-    def stop(self) -> None:
-        # fast: what `docker stop` or a failover does to the server: sessions are cut, nothing is lost
-        self._pg_ctl("-m", "fast", "-w", "stop")
-
-    def running(self) -> bool:
-        return (self.data / "db" / "postmaster.pid").exists()
-
-
-@contextmanager
-def private_postgres() -> Iterator[PrivatePostgres]:
-    # Not under pytest's tmp_path: the postgres user must be able to reach it.
-    data = Path(tempfile.mkdtemp(prefix="pgfault-", dir="/tmp"))
-    shutil.chown(data, "postgres", "postgres")
-    pg = PrivatePostgres(data=data, port=free_port())
-    init = [str(PG_BIN / "initdb"), "-D", str(data / "db"), "-U", "postgres", "-A", "trust", "--no-sync"]
-    done = subprocess.run(["runuser", "-u", "postgres", "--", *init], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    pg.start()
-    try:
-        yield pg
-    finally:
-        from service import db
-
-        db.dispose_all()
-        if pg.running():
-            pg.stop()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 # --- a Ray cluster of our own --------------------------------------------------------------------

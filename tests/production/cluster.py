@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.e2e.conftest import free_port, wait_until
+from tests.support import free_port, wait_until
 
 BIN = Path(sys.executable).parent
 PG_SERVER = os.environ.get("LAYERLAB_TEST_PG_SERVER", "postgresql://postgres@127.0.0.1:5432")

@@ -18,7 +18,7 @@ from service import db
 from service.app import create_app
 from service.queue import QueueStore
 from service.settings import Settings
-from tests.e2e.conftest import free_port, wait_until
+from tests.support import free_port, wait_until
 
 LIMIT = 4096
 YAML = {"content-type": "application/yaml"}
