@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jobs.data.symbolic import collate, encode  # noqa: E402
 from jobs.layers.symbolic_positions import tree_positions  # noqa: E402
-from jobs.tasks.symbolic_prop import PROP, SymbolicConfig, build_for  # noqa: E402
+from jobs.symbolic_task import SymbolicConfig, build_for  # noqa: E402
+from jobs.tasks.symbolic_prop import PROP  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("fixed", "EP-DP-EA-DA-CP", "EP-DP-EA-DA-CP/fused", "-DA", "random")

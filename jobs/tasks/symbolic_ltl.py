@@ -6,8 +6,9 @@ up to 5 atomic propositions, size <= 35, each with a lasso trace from spot (`& a
 than `max_trace_tokens` are left out. Predictions are checked with spot (the trace's language must be
 included in the formula's; jobs/data/checkers.py). The trivial baselines' witnesses are the one-step lassos on
 which every AP is always false (`{ & ! a ! b }`) or always true (`{ & a b }`), checked the same way. Everything
-else (variants, training, Correct / Exact / alpha-covariance, checkpoints, the report) is symbolic.prop's: see
-jobs/tasks/symbolic_prop.py. The `derived` and `target_order` fields are propositional only and ignored here.
+else (variants, training, Correct / Exact / alpha-covariance, checkpoints, the report) is shared with symbolic.prop
+(jobs/symbolic_*.py; jobs/tasks/symbolic_prop.py's docstring defines each score). The `derived` and `target_order`
+fields are propositional only and ignored here.
 
 SIT's released LTL run turns decoder aggregation off (`--no-dec-agg`, variant "-DA"): on LTL the bottleneck is
 temporal reasoning, not relations between APs (models.md B.2).
@@ -24,17 +25,9 @@ from jobs.data.checkers import check_trace
 from jobs.data.symbolic import SymbolicExample
 from jobs.registry import Task
 from jobs.runtime import Session
-from jobs.tasks.symbolic_prop import (
-    METRICS,
-    PackedSymbolic,
-    PaperData,
-    SymbolicConfig,
-    SymbolicData,
-    build_for,
-    example_for,
-    make_summarize,
-    run,
-)
+from jobs.symbolic_loop import run
+from jobs.symbolic_report import make_summarize
+from jobs.symbolic_task import METRICS, PackedSymbolic, PaperData, SymbolicConfig, SymbolicData, build_for, example_for
 
 
 def _generate_ltl(cfg: SymbolicConfig, count: int, seed: int) -> list[SymbolicExample]:

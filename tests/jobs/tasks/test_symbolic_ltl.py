@@ -13,8 +13,8 @@ pytest.importorskip("spot", reason="spot is not installed (pip install spottl): 
 from jobs.data.ltl import LTL_VOCAB  # noqa: E402 - after the skip
 from jobs.registry import get_task  # noqa: E402
 from jobs.runtime import LocalSession  # noqa: E402
+from jobs.symbolic_task import METRICS, SymbolicConfig  # noqa: E402
 from jobs.tasks.symbolic_ltl import TASK, build_model, example_input, train  # noqa: E402
-from jobs.tasks.symbolic_prop import METRICS, SymbolicConfig  # noqa: E402
 
 TINY = SymbolicConfig(
     d_model=16, heads=2, ff=32, layers=1, dropout=0.0, max_size=16, max_trace_tokens=24, train_examples=150,

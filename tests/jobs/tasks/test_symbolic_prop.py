@@ -16,6 +16,7 @@ import pytest
 import torch
 from pydantic import TypeAdapter, ValidationError
 
+from jobs import symbolic_eval
 from jobs.config import field_docs
 from jobs.data import propositional
 from jobs.data.checkers import check_assignment
@@ -24,27 +25,10 @@ from jobs.data.symbolic import EOS_ID, PAD_ID, collate, decode
 from jobs.data.symbolic_metrics import alpha_covariance_by_count, constant_baselines
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
-from jobs.tasks import symbolic_prop
-from jobs.tasks.symbolic_prop import (
-    ALPHA_COUNTS,
-    BASELINE_KEYS,
-    METRICS,
-    PAPER_PROP,
-    PROP,
-    TASK,
-    EvalSets,
-    PackedSymbolic,
-    SymbolicConfig,
-    build_model,
-    evaluate,
-    example_input,
-    make_alpha_set,
-    make_data,
-    make_grid,
-    size_bins,
-    summarize,
-    train,
-)
+from jobs.symbolic_eval import EvalSets, evaluate
+from jobs.symbolic_sets import make_alpha_set, make_data, make_grid, size_bins
+from jobs.symbolic_task import ALPHA_COUNTS, BASELINE_KEYS, METRICS, PackedSymbolic, SymbolicConfig
+from jobs.tasks.symbolic_prop import PAPER_PROP, PROP, TASK, build_model, example_input, summarize, train
 
 REPO = Path(__file__).resolve().parents[3]
 # ~2-5 s per run on one loaded core: formulas up to 20 tokens, a 1+1-layer model of width 16.
@@ -205,7 +189,7 @@ def test_evaluate_runs_the_papers_protocol_within_the_data_sets_names(monkeypatc
         calls.append((tuple(kwargs["pool"]), args[4]))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(symbolic_prop, "alpha_covariance_by_count", spy)
+    monkeypatch.setattr(symbolic_eval, "alpha_covariance_by_count", spy)
     cfg = dataclasses.replace(TINY, alpha_examples=1, alpha_permutations=7, max_renamings=3)
     train_set, test = make_data(cfg, PROP)
     sets = EvalSets(test[:4], [], make_alpha_set(cfg, PROP, train_set))
