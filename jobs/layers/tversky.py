@@ -9,7 +9,8 @@ Two semantics (`semantics=`), which are different models for min, max, gmean, so
   tversky.md §2.1 has an identity, chunked O(NPF) kernels otherwise (`tversky_kernels.py`, `chunk_size`). On CUDA
   tensors, when Triton imports, fused Triton kernels compute all three terms instead (`tversky_triton.py`): same
   values and gradients, O(N·P + (N+P)·F) memory.
-product, mean and ignorematch are the same in both.
+product, mean and ignorematch are the same in both. The reductions' names and formulas are defined once, in
+`tversky_reductions.py`; this layer, the kernels and the XOR grid take them from there.
 
 How this differs from the library (the outputs and gradients are otherwise the same; tests/jobs/layers):
 - Computed with GEMMs on [N, F] / [P, F] factors (tversky.md §2.1): 2 GEMM units for every Ψ but product, 3 for
@@ -36,16 +37,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from jobs.layers.tversky_kernels import default_chunk_size, fused_product_ignorematch, per_feature_terms
+from jobs.layers.tversky_reductions import DIFFERENCES, INTERSECTIONS, reference_terms
 
-Intersection = Literal["product", "min", "max", "mean", "gmean", "softmin"]
-Difference = Literal["ignorematch", "substractmatch"]  # the library's spelling
+# The reductions' names, re-exported beside the layer's other options (one import for a config): their one
+# definition, with the formulas, is jobs/layers/tversky_reductions.py.
+from jobs.layers.tversky_reductions import Difference as Difference
+from jobs.layers.tversky_reductions import Intersection as Intersection
+
 SimilarityModel = Literal["contrast", "ratio"]
 Init = Literal["uniform", "normal", "orthogonal"]
 Semantics = Literal["reference", "per_feature"]
 PerFeatureKernel = Literal["auto", "chunked", "triton"]
 
-INTERSECTIONS: tuple[str, ...] = get_args(Intersection)
-DIFFERENCES: tuple[str, ...] = get_args(Difference)
 SIMILARITIES: tuple[str, ...] = get_args(SimilarityModel)
 INITS: tuple[str, ...] = get_args(Init)
 SEMANTICS: tuple[str, ...] = get_args(Semantics)
@@ -115,26 +118,6 @@ def init_tensor_(w: torch.Tensor, init: str, scale: float) -> torch.Tensor:
         return w.copy_(nn.init.orthogonal_(torch.empty_like(w, dtype=torch.float32), gain=scale))
 
 
-def _gmean(ia: torch.Tensor, ib: torch.Tensor) -> torch.Tensor:
-    # The library's exp((log IA + log IB) / 2) with both logs taken on 1 where IA or IB is 0. The forward is
-    # unchanged (the library gives exp(-inf) = 0 there) but the backward is 0 instead of 0 * inf = NaN, which
-    # the library hits on XOR's all-zero input (tversky.md §1.6). IA, IB >= 0 by construction.
-    both = (ia > 0) & (ib > 0)
-    ia_safe = torch.where(both, ia, torch.ones_like(ia))
-    ib_safe = torch.where(both, ib, torch.ones_like(ib))
-    out = torch.exp((torch.log(ia_safe) + torch.log(ib_safe)) / 2.0)
-    return torch.where(both, out, torch.zeros_like(out))
-
-
-_REDUCE = {
-    "min": torch.minimum,
-    "max": torch.maximum,
-    "mean": lambda ia, ib: (ia + ib) / 2,
-    "gmean": _gmean,
-    "softmin": lambda ia, ib: -torch.logsumexp(-torch.stack([ia, ib], dim=0), dim=0),  # [2, N, P] -> [N, P]
-}
-
-
 def tversky_similarity(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -197,17 +180,8 @@ def tversky_similarity(
         if semantics == "per_feature":
             chunk = default_chunk_size(u.device) if chunk_size is None else chunk_size
             inter, diff_xy, diff_yx = per_feature_terms(u, v, u_in, v_in, intersection, difference, chunk, p)
-        else:
-            ia = u @ v_in.T  # [N, P']  Σ_k u_k 1[v_k > 0]
-            ib = u_in @ v.T  # [N, P']  Σ_k 1[u_k > 0] v_k
-            # ignorematch: Σ_k u_k 1[v_k <= 0] = s_A - IA, so no GEMM against the complement indicator.
-            diff_xy = u.sum(dim=1, keepdim=True) - ia  # [N, 1] - [N, P']
-            diff_yx = v.sum(dim=1)[None, :] - ib  # [1, P'] - [N, P']; already the transpose of f(B - A)
-            if difference == "substractmatch":
-                # The library adds IA·1[IA>IB] - IB·1[IA>IB]: the same value and gradient as relu(IA - IB).
-                diff_xy = diff_xy + F.relu(ia - ib)
-                diff_yx = diff_yx + F.relu(ib - ia)
-            inter = u @ v.T if intersection == "product" else _REDUCE[intersection](ia, ib)  # [N, P']
+        else:  # Ψ of the aggregated sums (tversky_reductions.py), each term [N, P']
+            inter, diff_xy, diff_yx = reference_terms(u, v, u_in, v_in, intersection, difference)
 
     if pad:  # drop the padding before the elementwise part: no ratio of a padded column is ever formed
         inter, diff_xy, diff_yx = inter[:, :p], diff_xy[:, :p], diff_yx[:, :p]  # [N, P'] -> [N, P]

@@ -6,8 +6,9 @@ as A∩B-C, "the features A and B share and C lacks", are the paper's semantic-f
 and the features then retrieve the prototypes (tokens, classes) or inputs that carry them.
 
 Scores of a set expression, per feature k (fuzzy sets, one choice among several, kept simple):
-- A∩B: min(a_k, b_k), the per-feature min Ψ: both must have k, and the weaker measure counts.
-- A-B: a_k where b_k = 0 (the paper's ignorematch: "in A and not in B").
+- A∩B: min(a_k, b_k), the per-feature min Ψ (tversky_reductions.pair_min): both must have k, and the weaker
+  measure counts.
+- A-B: a_k where b_k = 0 (the paper's ignorematch, tversky_reductions.ignorematch: "in A and not in B").
 - A∪B: max(a_k, b_k).
 A set given by feature indices has measure +inf on them: it filters (A∩{3, 5} keeps a_3, a_5) and adds no measure.
 
@@ -26,6 +27,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from jobs.layers.tversky_reductions import ignorematch, pair_min
 
 
 class Ranked(NamedTuple):
@@ -87,13 +90,13 @@ class FeatureSet:
         return other.scores.to(self.scores)
 
     def __and__(self, other: FeatureSet) -> FeatureSet:
-        return FeatureSet(torch.minimum(self.scores, self._other(other)))
+        return FeatureSet(pair_min(self.scores, self._other(other)))
 
     def __or__(self, other: FeatureSet) -> FeatureSet:
         return FeatureSet(torch.maximum(self.scores, self._other(other)))
 
     def __sub__(self, other: FeatureSet) -> FeatureSet:
-        return FeatureSet(self.scores.masked_fill(self._other(other) > 0, 0.0))
+        return FeatureSet(ignorematch(self.scores, self._other(other)))
 
     def __len__(self) -> int:
         return int((self.scores > 0).sum())

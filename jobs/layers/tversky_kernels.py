@@ -2,11 +2,11 @@
 
 - `fused_product_ignorematch`: product + ignorematch + contrast as ONE GEMM of width 2F, with a hand-written
   backward (3 GEMM units instead of autograd's 4, and no autograd graph over the [P, F] elementwise terms).
-- `per_feature_terms`: f(A∩B), f(A-B), f(B-A) as the paper writes them, Σ_k Ψ(a_k, b_k)·1[a_k > 0 ∧ b_k > 0].
-  product, mean, gmean and ignorematch are GEMMs. min, max and substractmatch all follow from one
-  O(NPF)-compute kernel, M = Σ_k min(a_k, b_k); softmin has a kernel of its own. Both kernels work on tiles of
-  at most `chunk_size` elements of the [N, P, F] tensor, forward and backward, and save only their [N, F] /
-  [P, F] inputs: memory grows with N·P + chunk, never N·P·F.
+- `per_feature_terms`: f(A∩B), f(A-B), f(B-A) as the paper writes them, Σ_k Ψ(a_k, b_k)·1[a_k > 0 ∧ b_k > 0],
+  by the formulas of tversky_reductions.py. product, mean, gmean and ignorematch are GEMMs. min, max and
+  substractmatch all follow from one O(NPF)-compute kernel, M = Σ_k min(a_k, b_k); softmin has a kernel of its
+  own. Both kernels work on tiles of at most `chunk_size` elements of the [N, P, F] tensor, forward and
+  backward, and save only their [N, F] / [P, F] inputs: memory grows with N·P + chunk, never N·P·F.
 
 Inputs u = relu(x Ωᵀ) [N, F] and v = relu(Π Ωᵀ) [P, F] are non-negative; their zeros carry no gradient (the
 relu in front kills it), which the kernels use: a tie at u = v = 0 may send its (dead) gradient either way.
@@ -19,6 +19,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import FunctionCtx, once_differentiable
+
+from jobs.layers import tversky_reductions as reductions
 
 CPU_CHUNK = 2**20  # a 4 MiB fp32 tile; 2^19-2^22 time alike on the N=256, P=F=1024 min kernel, 2^18 is 4x slower
 DEVICE_CHUNK = 2**26  # 256 MiB fp32 tiles: few enough launches for an LM head on a GPU
@@ -129,7 +131,10 @@ def _tile_view(buf: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Ten
 
 
 class _PairwiseFeatureSum(torch.autograd.Function):
-    """out[n, p] = Σ_k ψ(u[n, k], v[p, k]), ψ = min or softmin, one tile of [N, P, F] at a time."""
+    """out[n, p] = Σ_k ψ(u[n, k], v[p, k]), ψ = min or softmin, one tile of [N, P, F] at a time.
+
+    ψ is tversky_reductions.PAIR_PSI's, written in place into one reused tile buffer (no allocation per tile),
+    with a hand-written backward that keeps pair_min's tie rule."""
 
     @staticmethod
     def forward(ctx: FunctionCtx, u, v, kernel: str, chunk: int):  # type: ignore[override]
@@ -190,7 +195,7 @@ class _PairwiseFeatureSum(torch.autograd.Function):
 
 
 def pairwise_feature_sum(u: torch.Tensor, v: torch.Tensor, kernel: str, chunk: int) -> torch.Tensor:
-    """Σ_k ψ(u_nk, v_pk) for ψ in {"min", "softmin"}; [N, F], [P, F] -> [N, P] in float32 or wider."""
+    """Σ_k ψ(u_nk, v_pk) for ψ in PAIR_PSI ("min", "softmin"); [N, F], [P, F] -> [N, P] in float32 or wider."""
     return _PairwiseFeatureSum.apply(u, v, kernel, chunk)
 
 
@@ -204,7 +209,8 @@ def per_feature_terms(
     chunk: int,
     real_p: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """f(A∩B), f(A-B), f(B-A)ᵀ, each [N, P], with the paper's per-feature Ψ (tversky.md §2.1).
+    """f(A∩B), f(A-B), f(B-A)ᵀ, each [N, P], with the paper's per-feature Ψ (tversky.md §2.1): the formulas of
+    `tversky_reductions.per_feature_terms`, with min and softmin summed by the chunked kernel above.
 
     Rows of v from `real_p` on are padding (zeros): the O(NPF) kernels skip them.
     """
@@ -213,31 +219,4 @@ def per_feature_terms(
     def kernel(name: str) -> torch.Tensor:
         return F.pad(pairwise_feature_sum(u, v[:real_p], name, chunk), (0, pad))  # [N, p] -> [N, P]
 
-    # M = Σ_k min(u_k, v_k): min is 0 wherever a feature is absent, so no indicator is needed.
-    m = kernel("min") if intersection in ("min", "max") or difference == "substractmatch" else None
-    s_a = u.sum(dim=1, keepdim=True)  # [N, 1] salience
-    s_b = v.sum(dim=1)[None, :]  # [1, P]
-    ia = ib = None
-    if intersection in ("max", "mean") or difference == "ignorematch":
-        ia = u @ v_in.T  # [N, P] Σ_k u_k 1[v_k > 0]
-        ib = u_in @ v.T  # [N, P] Σ_k 1[u_k > 0] v_k
-    if intersection == "product":
-        inter = u @ v.T
-    elif intersection == "min":
-        inter = m
-    elif intersection == "max":  # Σ_both max = Σ_both (u + v) - Σ_both min
-        inter = ia + ib - m
-    elif intersection == "mean":
-        inter = (ia + ib) / 2
-    elif intersection == "gmean":  # Σ_k √(u_k v_k) = √u · √vᵀ
-        inter = _SafeSqrt.apply(u) @ _SafeSqrt.apply(v).T
-    else:
-        # softmin: Ψ(a, b) = -τ log(e^{-a/τ} + e^{-b/τ}) with τ = 1, the reference's smooth min applied per feature
-        # rather than to (IA, IB). Not the softmin-weighted mean: this one keeps the reference's function. It lies
-        # in [min(a, b) - log 2, min(a, b)], so a pair sharing many weak features can have f(A∩B) < 0.
-        inter = kernel("softmin")
-    if difference == "ignorematch":  # Σ_k u_k 1[v_k = 0] = s_A - IA
-        return inter, s_a - ia, s_b - ib
-    # substractmatch: Σ_{both} relu(u_k - v_k) plus the ignorematch term, as the reference adds it (tversky.md
-    # §1.4), which is Σ_k relu(u_k - v_k) over all k = Σ_k (u_k - min(u_k, v_k)) = s_A - M.
-    return inter, s_a - m, s_b - m
+    return reductions.per_feature_terms(u, v, u_in, v_in, intersection, difference, kernel, _SafeSqrt.apply)

@@ -7,7 +7,9 @@ over (P, F) that reduces N (grad v). Membership indicators 1[u_k > 0], 1[v_k > 0
 [N, P] outputs, their gradients and the [N, F] / [P, F] inputs: never [N, P, F].
 
 `per_feature_terms` is a drop-in for `tversky_kernels.per_feature_terms` (the chunked path), with its values and its
-gradient conventions, all of which are kept here element by element:
+gradient conventions, all of which are kept here element by element. The names of Ψ and of the differences, and the
+formulas these kernels compute, are jobs/layers/tversky_reductions.py's; a kernel cannot call torch, so the
+elementwise math is written again below, in Triton:
 - min: d/du min(u, v) = 1[u < v]; ties go to v. max (= IA + IB - M there): ties go to u.
 - gmean: √u·√v with d√u/du = 1/(2√max(u, GMEAN_EPS)) for u > 0 and 0 at u = 0.
 - softmin: -log(e^-u + e^-v) on features present in both; d/du = σ(v - u), d/dv = 1 - σ(v - u) there.
@@ -30,9 +32,12 @@ import triton.language as tl
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from jobs.layers.tversky_kernels import GMEAN_EPS
+from jobs.layers.tversky_reductions import DIFFERENCES, INTERSECTIONS
 
-# Ψ codes, in the kernels' `if PSI == ...` chains (constexpr: each Ψ compiles to its own kernel).
-PSI_CODES = {"product": 0, "min": 1, "max": 2, "mean": 3, "gmean": 4, "softmin": 5}
+# Ψ codes, in the kernels' `if PSI == ...` chains (constexpr: each Ψ compiles to its own kernel): a Ψ's position
+# in INTERSECTIONS, the one list of names (product 0, min 1, max 2, mean 3, gmean 4, softmin 5). The chains below
+# name each branch; tests/jobs/layers/test_tversky_triton.py checks every code against the chunked path.
+PSI_CODES = {name: code for code, name in enumerate(INTERSECTIONS)}
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -57,13 +62,13 @@ def _forward_terms(a, b, PSI: tl.constexpr, SUB: tl.constexpr):
     both = (a > 0) & (b > 0)
     if PSI == 0:  # product: 0 unless both are present
         inter = a * b
-    elif PSI == 1:
+    elif PSI == 1:  # min
         inter = lo
-    elif PSI == 2:
+    elif PSI == 2:  # max
         inter = tl.where(both, tl.maximum(a, b), 0.0)
-    elif PSI == 3:
+    elif PSI == 3:  # mean
         inter = tl.where(both, (a + b) * 0.5, 0.0)
-    elif PSI == 4:  # as the chunked path: √u·√v, 0 unless both are present
+    elif PSI == 4:  # gmean, as the chunked path: √u·√v, 0 unless both are present
         inter = tl.sqrt(a) * tl.sqrt(b)
     else:  # softmin, τ = 1: -log(e^-a + e^-b) = min - log(1 + e^-|a-b|), no overflow
         inter = tl.where(both, lo - tl.log(1.0 + tl.exp(-tl.abs(a - b))), 0.0)
@@ -87,17 +92,17 @@ def _grad_wrt_a(a, b, gi, gx, gy, PSI: tl.constexpr, SUB: tl.constexpr, EPS: tl.
     """gi·∂inter/∂a + gx·∂dxy/∂a + gy·∂dyx/∂a on one tile; HAS = (gi, gx, gy) present, as three bits 1, 2, 4."""
     w = tl.zeros_like(a + b)
     if HAS & 1:
-        if PSI == 0:
+        if PSI == 0:  # product
             w += gi * b
-        elif PSI == 1:
+        elif PSI == 1:  # min
             w += tl.where(a < b, gi, 0.0)  # ties go to v
-        elif PSI == 2:  # ∂(IA + IB - M)/∂a = 1[b > 0] - 1[a < b]
+        elif PSI == 2:  # max: ∂(IA + IB - M)/∂a = 1[b > 0] - 1[a < b]
             w += tl.where(b > 0, gi, 0.0) - tl.where(a < b, gi, 0.0)
-        elif PSI == 3:
+        elif PSI == 3:  # mean
             w += tl.where(b > 0, gi * 0.5, 0.0)
-        elif PSI == 4:
+        elif PSI == 4:  # gmean
             w += gi * _sqrt_slope(a, EPS) * tl.sqrt(b)
-        else:  # σ(b - a) = 1 / (1 + e^(a - b)); e^(a-b) = inf gives 0, not NaN
+        else:  # softmin: σ(b - a) = 1 / (1 + e^(a - b)); e^(a-b) = inf gives 0, not NaN
             w += tl.where((a > 0) & (b > 0), gi / (1.0 + tl.exp(a - b)), 0.0)
     if HAS & 2:
         if SUB:
@@ -115,17 +120,17 @@ def _grad_wrt_b(a, b, gi, gx, gy, PSI: tl.constexpr, SUB: tl.constexpr, EPS: tl.
     """gi·∂inter/∂b + gx·∂dxy/∂b + gy·∂dyx/∂b: the mirror of _grad_wrt_a, with the chunked path's tie rules."""
     w = tl.zeros_like(a + b)
     if HAS & 1:
-        if PSI == 0:
+        if PSI == 0:  # product
             w += gi * a
-        elif PSI == 1:
+        elif PSI == 1:  # min
             w += tl.where(a < b, 0.0, gi)  # 1 - 1[a < b]: ties go to v
-        elif PSI == 2:  # 1[a > 0] - (1 - 1[a < b]): ties go to u
+        elif PSI == 2:  # max: 1[a > 0] - (1 - 1[a < b]): ties go to u
             w += tl.where(a > 0, gi, 0.0) - tl.where(a < b, 0.0, gi)
-        elif PSI == 3:
+        elif PSI == 3:  # mean
             w += tl.where(a > 0, gi * 0.5, 0.0)
-        elif PSI == 4:
+        elif PSI == 4:  # gmean
             w += gi * tl.sqrt(a) * _sqrt_slope(b, EPS)
-        else:  # 1 - σ(b - a), as the chunked backward forms it (mask minus the u part)
+        else:  # softmin: 1 - σ(b - a), as the chunked backward forms it (mask minus the u part)
             w += tl.where((a > 0) & (b > 0), gi - gi / (1.0 + tl.exp(a - b)), 0.0)
     if HAS & 2:
         if SUB:
@@ -284,10 +289,10 @@ def per_feature_terms(
     The signature is the chunked path's. `u_in`, `v_in` (indicators) and `chunk` are not used: the kernels form
     the indicators on the fly and hold one register tile at a time (`blocks`).
     """
-    if intersection not in PSI_CODES or difference not in ("ignorematch", "substractmatch"):
+    if intersection not in PSI_CODES or difference not in DIFFERENCES:
         raise ValueError(
             f"per_feature_terms: unknown intersection {intersection!r} or difference {difference!r}; "
-            f"allowed: {', '.join(PSI_CODES)} / ignorematch, substractmatch"
+            f"allowed: {', '.join(INTERSECTIONS)} / {', '.join(DIFFERENCES)}"
         )
     if u.dtype not in SUPPORTED_DTYPES or v.dtype != u.dtype:
         raise TypeError(f"per_feature_terms (Triton): u, v must share a dtype in {SUPPORTED_DTYPES}, got {u.dtype}")

@@ -70,6 +70,14 @@ def _compare_terms(u, v, intersection: str, difference: str, real_p: int, blocks
     assert not g_got[1][real_p:].any(), "padding prototypes must get no gradient"
 
 
+def test_psi_codes_come_from_the_one_list_of_names() -> None:
+    """The kernels' `if PSI == i` chains are written in INTERSECTIONS' order (jobs/layers/tversky_reductions.py)."""
+    assert tt.PSI_CODES == {"product": 0, "min": 1, "max": 2, "mean": 3, "gmean": 4, "softmin": 5}
+    assert tuple(tt.PSI_CODES) == tv.INTERSECTIONS
+    with pytest.raises(ValueError, match=r"allowed: product, min, max, mean, gmean, softmin / ignorematch, substract"):
+        tt.per_feature_terms(torch.ones(1, 1), torch.ones(1, 1), None, None, "median", "ignorematch", None, 1)
+
+
 @pytest.mark.parametrize("intersection,difference", TERMS, ids=["-".join(t) for t in TERMS])
 def test_terms_and_gradients_equal_the_chunked_path(intersection: str, difference: str) -> None:
     # N, P, F not multiples of the 8 x 8 x 16 tiles; the last 3 prototypes are padding.

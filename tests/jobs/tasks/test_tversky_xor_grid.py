@@ -23,7 +23,7 @@ from jobs.config import field_docs
 from jobs.data.xor import xor_data
 from jobs.layers import tversky_grid
 from jobs.layers.tversky import DIFFERENCES, INTERSECTIONS, SIMILARITIES, TverskyProjection
-from jobs.layers.tversky_grid import REDUCE
+from jobs.layers.tversky_reductions import REFERENCE_PSI
 from jobs.registry import get_task
 from jobs.runtime import LocalSession
 from jobs.stats import wilson_interval
@@ -51,7 +51,7 @@ def test_registered() -> None:
     assert TASK.summarize is summarize
     assert TASK.example_input(TINY).shape == (4, 2)
     assert type(build_model(TINY)).__module__ == "jobs.tasks.tversky_xor_grid"  # loads with only `jobs` importable
-    assert set(INTERSECTIONS) == set(REDUCE) | {"product"}, "a Ψ of the layer has no batched reduction"
+    assert set(INTERSECTIONS) == set(REFERENCE_PSI) | {"product"}, "a Ψ of the layer has no reference reduction"
 
 
 def test_config_defaults_are_the_papers_grid() -> None:
