@@ -20,11 +20,13 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help install services browser podman image demo up down test test-containers lint clean compat
+.PHONY: help install services browser podman image demo up down test test-fast test-containers lint clean compat
 
 help:
 	@echo "make demo   install, start the embedded stack, run sweeps/tversky_xor_demo.yaml"
 	@echo "make test   install, start PostgreSQL if needed, run lint and the test suite"
+	@echo "make test-fast  install, start PostgreSQL if needed, run the unit tests only: no lint, no test marked"
+	@echo "            stack (Ray, API/MLflow servers, workers, containers); about 3 minutes on 2 cores"
 	@echo "make down   stop the stack started by make demo"
 	@echo "make image  build the project image (podman or docker; offline: base from the Debian mirror)"
 
@@ -79,6 +81,12 @@ lint: install
 
 test: install services browser podman lint
 	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadscope --no-loadscope-reorder
+
+# The fast tier: every test not marked `stack` (pyproject.toml: no Ray, no API, MLflow or S3 server, no worker
+# processes, no containers; tests/conftest.py marks the stack folders), on the machine's PostgreSQL. Lint is not
+# run here: `make lint` or `make test` runs it.
+test-fast: install services
+	$(PY) -m pytest -q -n $(TEST_PROCESSES) -m "not stack"
 
 # The container tier alone (tests/containers: the image built, the compose stack run from it). `make test`
 # runs it too; LAYERLAB_CONTAINER_TIER=0 leaves it out there.

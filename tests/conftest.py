@@ -1,5 +1,6 @@
-"""Test-wide environment: offline, quiet Ray/MLflow, nothing written to $HOME; and how the suite splits
-over pytest-xdist's processes (`make test` runs two)."""
+"""Test-wide environment: offline, quiet Ray/MLflow, nothing written to $HOME; the `stack` marker on every test
+that starts a stack (`make test-fast` leaves those out); and how the suite splits over pytest-xdist's processes
+(`make test` runs two)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,14 @@ def _unit(path: Path) -> str:
     return "stack" if relative.parts[0] in STACK_DIRS else "module"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test in a stack folder is a stack test, marked here so that no module there can forget it; a stack
+    # test elsewhere carries `pytest.mark.stack` itself. `slow`, the marker's old name, still means the same.
+    for item in items:
+        in_stack_folder = item.path.is_relative_to(TESTS) and item.path.relative_to(TESTS).parts[0] in STACK_DIRS
+        if in_stack_folder or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.stack)
     # xdist hands out the work units in collection order (--no-loadscope-reorder): the stack tests first, so
     # the longest unit starts at once instead of after the modules with more tests, the sweeps-only ones last.
     order = {"stack": 0, "module": 1, "sweeps": 2}

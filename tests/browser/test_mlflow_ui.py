@@ -24,7 +24,7 @@ from service.cli import _mlflow_server_cmd
 from service.settings import Settings
 from tests.e2e.conftest import Stack, free_port, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 CHROMIUM = Path("/usr/bin/chromium")
 # The flags issue #7 asks for; Playwright adds its automation flags (--remote-debugging-pipe, ...) on top.

@@ -19,7 +19,7 @@ from tests.e2e.conftest import LAYERLAB
 
 from .conftest import ComposeStack
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 SPEC = """
 name: containers-xor

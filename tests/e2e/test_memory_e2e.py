@@ -6,7 +6,7 @@ import pytest
 
 from .conftest import Stack
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 CAPACITY = """
 name: e2e-capacity

@@ -16,7 +16,7 @@ from jobs.registry import get_task
 
 from .conftest import Stack
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 SAC = """
 name: e2e-sac-halfcheetah

@@ -15,7 +15,7 @@ from jobs.registry import get_task
 
 from .conftest import Stack
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 LORENZ = """
 name: e2e-sna-lorenz

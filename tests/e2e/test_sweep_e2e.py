@@ -23,7 +23,7 @@ from workers.trainable import stored_checkpoints
 
 from .conftest import Stack
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 SIX_TRIALS = """
 name: e2e-xor

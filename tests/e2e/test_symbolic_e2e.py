@@ -14,7 +14,7 @@ from jobs.registry import get_task
 
 from .conftest import Stack
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 PROP = """
 name: e2e-symbolic

@@ -13,7 +13,7 @@ from jobs.registry import get_task
 
 from .conftest import Stack
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 IMAGE = """
 name: e2e-image

@@ -15,7 +15,7 @@ from tests.faults.conftest import assert_tracked_once
 
 from .conftest import Stack, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 EIGHT_TRIALS = """
 name: crash-xor

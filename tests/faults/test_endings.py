@@ -18,7 +18,7 @@ from tests.e2e.conftest import Stack, wait_until
 
 from .conftest import actions, assert_tracked_once
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 TRIALS, ITERATIONS = 4, 12
 SPEC = f"""

@@ -22,7 +22,7 @@ from tests.production.cluster import RayCluster
 
 from .conftest import LONG, actions, assert_tracked_once, private_ray
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 KILLS = 5
 TRIALS, ITERATIONS = (8, 60) if LONG else (4, 24)

@@ -23,7 +23,7 @@ from tests.production.cluster import MlflowServer, RayCluster, mlflow_server, mo
 
 from .conftest import LONG, assert_tracked_once, private_ray
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 OUTAGE = 60.0 if LONG else 30.0
 ITERATIONS = 90 if LONG else 45

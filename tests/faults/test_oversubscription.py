@@ -18,7 +18,7 @@ from tests.production.cluster import RayCluster
 
 from .conftest import LONG, claim_events, private_ray
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 CLUSTER_CPUS, WORKERS = 1, 2
 SWEEPS = 30 if LONG else 6  # each of two trials: 12 (60) trials for a cluster that runs one at a time

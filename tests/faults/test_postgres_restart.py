@@ -26,7 +26,7 @@ from tests.production.cluster import RayCluster
 
 from .conftest import LONG, PrivatePostgres, actions, assert_tracked_once, claim_events, private_postgres, private_ray
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 DOWNTIMES = (0, 20, 60, 120) if LONG else (0, 20)
 ITERATIONS = 60 if LONG else 20

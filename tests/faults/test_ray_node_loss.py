@@ -21,7 +21,7 @@ from tests.production.cluster import S3, RayCluster, moto_s3
 
 from .conftest import LONG, actions, assert_tracked_once, private_ray
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 ITERATIONS = 60 if LONG else 30
 SPEC = f"""

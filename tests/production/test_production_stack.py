@@ -18,7 +18,7 @@ from tests.e2e.conftest import wait_until
 
 from .conftest import Production
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 FOUR_TRIALS = """
 name: prod-xor-{tag}

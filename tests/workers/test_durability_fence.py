@@ -56,7 +56,7 @@ def test_an_unreadable_fence_holds_nothing_back(tmp_path: Path) -> None:
     fence.check()
 
 
-@pytest.mark.slow
+@pytest.mark.stack
 def test_a_newer_claim_stops_older_attempts_on_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with moto_s3(tmp_path) as s3:
         for key, value in s3.env.items():
@@ -90,7 +90,7 @@ print("trial error:", tuner.fit()[0].error, flush=True)
 """
 
 
-@pytest.mark.slow
+@pytest.mark.stack
 def test_a_trial_of_a_superseded_attempt_writes_no_more_checkpoints(tmp_path: Path) -> None:
     """What a trial process left over from a killed worker does once the next attempt has claimed the sweep:
     it stops at its next checkpoint without writing it (here its driver is alive, to see how it ended)."""

@@ -72,7 +72,7 @@ print("ATTEMPT 4 RESUMES AT", iteration, state, flush=True)
 """
 
 
-@pytest.mark.slow
+@pytest.mark.stack
 def test_a_later_attempt_writing_into_the_ledgers_folder_does_not_move_the_resume_point(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-c", RESTORED_FROM_AN_OLDER_STATE, str(tmp_path / "tune")],

@@ -48,7 +48,7 @@ attempt(2, (str(first[0]), 1))
 """
 
 
-@pytest.mark.slow
+@pytest.mark.stack
 def test_a_train_trial_of_a_later_attempt_resumes_from_the_ledger_not_from_trains_latest(tmp_path: Path) -> None:
     storage = tmp_path / "tune"
     out = subprocess.run(
