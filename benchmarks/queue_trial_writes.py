@@ -2,8 +2,9 @@
 
     python benchmarks/queue_trial_writes.py    # 300 trials per database
 
-ProgressCallback makes four queue writes per trial inside Tune's loop: `trial_started`, `set_trial_run`
-(from the MLflow child run), `trial_result` (with the logged high-water mark) and `trial_ended`. Each is
+A trial's rows cost four queue writes: `trial_started`, `trial_result` (the trial's progress and the step's
+metric outbox row, one transaction) and `trial_ended` inside Tune's loop (ProgressCallback), `set_trial_run`
+on the shipper's thread (workers.shipper, once it made the MLflow child run). Each is
 timed in CPU seconds of this process (what the worker's driver pays; the database server's own work is
 not counted) over 300 trials, after 20 warm-up trials. The baseline, measured in the same run: the same
 number of empty transactions (BEGIN, SELECT 1, COMMIT) through the same engine, the floor any write pays.
@@ -51,7 +52,7 @@ def measure(url: str) -> None:
         t, counted = f"trial_{i:05d}", i >= WARMUP
         timed(counted, store.trial_started, sweep_id, t, {"seed": i})
         timed(counted, store.set_trial_run, sweep_id, t, uuid.uuid4().hex)
-        timed(counted, store.trial_result, sweep_id, t, 1, {"loss": 1.0 / (i + 1)}, node_id="n", to_log=True)
+        timed(counted, store.trial_result, sweep_id, t, 1, {"loss": 1.0 / (i + 1)}, node_id="n")
         timed(counted, store.trial_ended, sweep_id, t, TrialState.terminated)
         for _ in range(4):
             timed(counted, baseline)

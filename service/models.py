@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -115,7 +116,10 @@ class Trial(Base):
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     starts: Mapped[int] = mapped_column(Integer, default=0)
     logged_iteration: Mapped[int] = mapped_column(Integer, default=0)
+    """The highest step of the trial in the metric outbox: its checkpoints up to this iteration are usable."""
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    mlflow_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    """The status the shipper last gave the child run (None: not set since the trial last started)."""
     node_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     """The Ray node that ran the trial's latest start (operators: where to look for its logs)."""
     checkpoint_path: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -127,6 +131,28 @@ class Trial(Base):
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     """Why the trial ended other than by finishing (error, cancel, lost), in one line."""
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class OutboxRow(Base):
+    """One reported step of a trial: written in the transaction that records the trial's progress (the first
+    value of a step wins), sent to MLflow by the sweep's shipper (workers.shipper), then marked shipped."""
+
+    __tablename__ = "metric_outbox"
+    __table_args__ = (
+        UniqueConstraint("sweep_id", "trial_id", "step", name="uq_outbox_sweep_trial_step"),
+        Index("ix_outbox_unshipped", "sweep_id", "shipped", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
+    trial_id: Mapped[str] = mapped_column(String(100))
+    step: Mapped[int] = mapped_column(Integer)
+    timestamp_ms: Mapped[int] = mapped_column(BigInteger)
+    """The time the step carries in MLflow, fixed here: a resend is then the identical metric."""
+    metrics: Mapped[dict[str, float]] = mapped_column(JSON)
+    files: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)
+    """Files the task logged with this step: name -> base64."""
+    shipped: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class QueueWorker(Base):

@@ -1,22 +1,26 @@
 """The trial ledger: one row per Tune trial of a sweep (state, config, latest result, newest
-checkpoint, MLflow run id, how far its metrics were logged).
+checkpoint, MLflow run id and status, its highest step), and the metric outbox: one row per reported step.
 
 The rows are the sweep's ledger, read after a worker crash: the next attempt learns from them
 (workers.durability.read_ledger) which trials finished and with what result, and which checkpoint and
-logged iteration each unfinished one resumes from; `set_trial_run` keeps a trial on one MLflow run
-across attempts.
+committed iteration each unfinished one resumes from; `set_trial_run` keeps a trial on one MLflow run
+across attempts. The outbox rows are what the sweep's shipper (workers.shipper) sends to MLflow.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Any, cast
 
 from sqlalchemy import Connection, Integer, Table, bindparam, case, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 
-from service.models import TRIAL_ENDED, Trial, TrialState, utcnow
+from service.models import TRIAL_ENDED, OutboxRow, Trial, TrialState, utcnow
 from service.store_base import StoreBase, waits_out_outages
 
 TRIALS = cast(Table, Trial.__table__)
+OUTBOX = cast(Table, OutboxRow.__table__)
 NEW_TRIAL = {
     "state": TrialState.pending.value,
     "config": {},
@@ -40,6 +44,11 @@ class TrialLedger(StoreBase):
     def trials(self, sweep_id: int) -> list[Trial]:
         with self.session() as s:
             return list(s.scalars(select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.id)))
+
+    @waits_out_outages
+    def trial(self, sweep_id: int, trial_id: str) -> Trial:
+        with self.session() as s:
+            return s.scalars(select(Trial).where(*_trial_key(sweep_id, trial_id))).one()
 
     def trial_counts(self, sweep_id: int) -> dict[str, int]:
         q = select(Trial.state, func.count()).where(Trial.sweep_id == sweep_id).group_by(Trial.state)
@@ -74,7 +83,7 @@ class TrialLedger(StoreBase):
         with self.engine.begin() as conn:
             self._update_trial(
                 conn, sweep_id, trial_id, state=TrialState.running.value, config=config, starts=TRIALS.c.starts + 1,
-                reason=None, updated_at=utcnow(), **node,
+                reason=None, mlflow_status=None, updated_at=utcnow(), **node,
             )  # fmt: skip
 
     @waits_out_outages
@@ -83,17 +92,22 @@ class TrialLedger(StoreBase):
         sweep_id: int,
         trial_id: str,
         iteration: int,
-        metrics: dict[str, Any],
+        metrics: dict[str, float],
         node_id: str | None = None,
-        *,
-        to_log: bool = False,
+        files: dict[str, str] | None = None,
     ) -> bool:
-        """Record a result (the trial's latest unless an older iteration comes late). With `to_log`, also
-        move the logged high-water mark forward in the same transaction and return False if `iteration`
-        was logged already."""
+        """Record a reported step: the trial's progress (its latest result, unless an older iteration comes late)
+        and the step's outbox row (metrics, files as name -> base64, the timestamp MLflow will show), in one
+        transaction. The first value of a step wins: a step reported again (a trial resumed from an older
+        checkpoint) adds nothing. Returns whether the row is new."""
         newer = bindparam("iteration", iteration, type_=Integer) >= TRIALS.c.iteration  # SET sees the old row
         new_metrics = bindparam("metrics", metrics, type_=TRIALS.c.metrics.type)
         node = {"node_id": node_id} if node_id else {}
+        row = {
+            "sweep_id": sweep_id, "trial_id": trial_id, "step": iteration, "timestamp_ms": int(time.time() * 1000),
+            "metrics": metrics, "files": files, "shipped": False,
+        }  # fmt: skip
+        dialect = postgresql if self.is_postgres else sqlite
         with self.engine.begin() as conn:
             self._update_trial(
                 conn, sweep_id, trial_id,
@@ -101,12 +115,11 @@ class TrialLedger(StoreBase):
                 metrics=case((newer, new_metrics), else_=TRIALS.c.metrics),
                 updated_at=utcnow(), **node,
             )  # fmt: skip
-            if not to_log:
-                return False
-            # The row is locked by the UPDATE above (and SQLite's BEGIN IMMEDIATE): no race.
-            unlogged = update(TRIALS).where(*_trial_key(sweep_id, trial_id), TRIALS.c.logged_iteration < iteration)
-            moved = conn.execute(unlogged.values(logged_iteration=iteration))
-            return bool(moved.rowcount == 1)
+            added = conn.execute(dialect.insert(OUTBOX).values(**row).on_conflict_do_nothing()).rowcount == 1
+            if added:  # the highest step in the outbox: checkpoints up to it are usable (workers.checkpoints)
+                highest = case((TRIALS.c.logged_iteration < iteration, iteration), else_=TRIALS.c.logged_iteration)
+                conn.execute(update(TRIALS).where(*_trial_key(sweep_id, trial_id)).values(logged_iteration=highest))
+            return bool(added)
 
     @waits_out_outages
     def trial_ended(
@@ -140,3 +153,41 @@ class TrialLedger(StoreBase):
         with self.engine.begin() as conn:
             self._update_trial(conn, sweep_id, trial_id, mlflow_run_id=func.coalesce(TRIALS.c.mlflow_run_id, run_id))
             return str(conn.scalar(select(TRIALS.c.mlflow_run_id).where(*_trial_key(sweep_id, trial_id))))
+
+    @waits_out_outages
+    def close_trials(self, sweep_id: int, state: TrialState, reason: str) -> None:
+        """Every unfinished trial row of an ended sweep to `state`."""
+        with self.engine.begin() as conn:
+            self._close_trials(conn, sweep_id, state, reason)
+
+    @waits_out_outages
+    def set_trial_mlflow_status(self, sweep_id: int, trial_id: str, status: str, state: str) -> None:
+        """The status the shipper gave the trial's run, recorded only if the trial is still in `state`."""
+        with self.engine.begin() as conn:
+            still = update(TRIALS).where(*_trial_key(sweep_id, trial_id), TRIALS.c.state == state)
+            conn.execute(still.values(mlflow_status=status))
+
+    # --- the metric outbox -------------------------------------------------------------------
+
+    @waits_out_outages
+    def unshipped(self, sweep_id: int, limit: int) -> list[OutboxRow]:
+        """The sweep's oldest rows not yet shipped, in the order they were written."""
+        q = select(OutboxRow).where(OutboxRow.sweep_id == sweep_id, OutboxRow.shipped.is_(False))
+        with self.session() as s:
+            return list(s.scalars(q.order_by(OutboxRow.id).limit(limit)))
+
+    @waits_out_outages
+    def mark_shipped(self, row_ids: Sequence[int]) -> None:
+        if row_ids:
+            with self.engine.begin() as conn:
+                conn.execute(update(OUTBOX).where(OUTBOX.c.id.in_(list(row_ids))).values(shipped=True))
+
+    @waits_out_outages
+    def outbox_history(self, sweep_id: int) -> dict[str, dict[int, dict[str, float]]]:
+        """Trial id -> step -> metrics: every step the sweep's trials reported, once each (its first value)."""
+        q = select(OUTBOX.c.trial_id, OUTBOX.c.step, OUTBOX.c.metrics).where(OUTBOX.c.sweep_id == sweep_id)
+        history: dict[str, dict[int, dict[str, float]]] = {}
+        with self.engine.connect() as conn:
+            for trial_id, step, metrics in conn.execute(q):
+                history.setdefault(trial_id, {})[step] = metrics
+        return history

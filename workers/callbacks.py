@@ -1,5 +1,5 @@
-"""The Tune callback that reports a sweep's trials to the queue (its ledger) and to MLflow, and the live
-context it reads.
+"""The Tune callback that records a sweep's trials in the queue (its ledger and metric outbox), and the live
+context it reads. It never talks to MLflow: the sweep's shipper (workers.shipper) sends what the queue holds.
 
 Tune pickles the RunConfig's callbacks into the experiment folder and `Tuner.restore` brings back those
 objects, not new ones. So the callback holds only the sweep id and looks up the live context (this
@@ -9,7 +9,6 @@ clears after.
 
 from __future__ import annotations
 
-import base64
 import logging
 import math
 from dataclasses import dataclass, field
@@ -30,11 +29,11 @@ from workers.durability import (
     finished_result,
     train_checkpoint_uri,
 )
-from workers.tracking import SweepTracker
 from workers.trainable import ARTIFACTS_KEY, NODE_KEY
 
 if TYPE_CHECKING:
-    from workers.worker import StopRequests
+    from workers.stop import StopRequests
+    from workers.tracking import SweepTracker
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +71,8 @@ class FitInterrupted(Exception):
 
 
 class ProgressCallback(tune.Callback):
-    """Driver-side: trial progress to the ledger, metrics to the trial's MLflow child run."""
+    """Driver-side: trial progress, each step's metrics and files, checkpoints and ends to the queue, in one
+    transaction each; then a nudge to the shipper."""
 
     def __init__(self, sweep_id: int, metric_keys: list[str]) -> None:
         self.sweep_id = sweep_id
@@ -90,6 +90,8 @@ class ProgressCallback(tune.Callback):
         live = self.live
         if live is None:
             return
+        if live.tracker.shipper.failure is not None:  # MLflow refused a write: the sweep fails with it
+            raise live.tracker.shipper.failure
         if live.stop.any():
             # Out of fit() the way a crash leaves it (Tune ends the trials' actors and re-raises), which is
             # what the ledger is for: the stored state keeps the running trials resumable, and a restore
@@ -103,7 +105,7 @@ class ProgressCallback(tune.Callback):
         if live is None or self._finished_before(live, trial.trial_id):
             return
         live.store.trial_started(self.sweep_id, trial.trial_id, dict(trial.config))
-        live.tracker.start_trial(trial.trial_id, dict(trial.config))
+        live.tracker.shipper.notify()
 
     def on_trial_result(
         self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
@@ -116,25 +118,20 @@ class ProgressCallback(tune.Callback):
             return
         step = int(result.get(ITERATION_KEY) or result.get("training_iteration", 0))
         live.iterations[trial.trial_id] = step
-        if isinstance(files, dict) and files:
-            live.tracker.log_trial_files(trial.trial_id, {k: base64.b64decode(v) for k, v in files.items()})
         metrics = numeric(result, self.metric_keys)
         node = result.get(NODE_KEY)
-        # The high-water mark makes logging idempotent: a trial resumed from an older checkpoint reports
-        # iterations that were already logged before the crash; those are skipped.
-        first_time = live.store.trial_result(
+        # The step's row in the outbox, with the trial's progress: a step reported again by a trial resumed from
+        # an older checkpoint finds its row there and adds nothing.
+        live.store.trial_result(
             self.sweep_id, trial.trial_id, step, metrics, node_id=node if isinstance(node, str) else None,
-            to_log=bool(metrics),
+            files=files if isinstance(files, dict) and files else None,
         )  # fmt: skip
-        if first_time:
-            live.tracker.log_trial_metrics(trial.trial_id, metrics, step)
-        elif metrics:
-            live.tracker.log_replayed_metrics(trial.trial_id, metrics, step)
+        live.tracker.shipper.notify()
         # A Ray Train trial's checkpoint reaches Tune only as a path in its result (TuneReportCallback): the ledger
         # records it as it does a Tune checkpoint, so a later attempt resumes the TorchTrainer from it.
         train_checkpoint = result.get(CHECKPOINT_PATH_KEY)
         if isinstance(train_checkpoint, str):
-            self._confirm_checkpoint(live, trial.trial_id, step, train_checkpoint_uri(train_checkpoint, live.storage))
+            self._record_checkpoint(live, trial.trial_id, step, train_checkpoint_uri(train_checkpoint, live.storage))
         value = metrics.get(live.spec.metric.name)
         if value is not None and _better(value, live.best, live.spec.metric.mode or "max"):
             live.best = value
@@ -146,20 +143,16 @@ class ProgressCallback(tune.Callback):
         live = self.live
         if live is None or self._finished_before(live, trial.trial_id):
             return
-        # Tune calls on_trial_result first: the step's metrics are already on their way to MLflow.
-        self._confirm_checkpoint(
+        # Tune calls on_trial_result first: the step's row is committed, so the checkpoint is usable at once.
+        self._record_checkpoint(
             live, trial.trial_id, live.iterations.get(trial.trial_id, 0), checkpoint_uri(checkpoint)
         )
 
-    def _confirm_checkpoint(self, live: LiveSweep, trial_id: str, step: int, uri: str) -> None:
-        """Record the trial's checkpoint in the ledger once the metrics it covers are in MLflow (after_writes)."""
-        live.tracker.after_writes(
-            f"trial {trial_id} checkpoint at step {step}",
-            lambda: live.store.trial_checkpoint(self.sweep_id, trial_id, uri, step),
-        )
+    def _record_checkpoint(self, live: LiveSweep, trial_id: str, step: int, uri: str) -> None:
+        live.store.trial_checkpoint(self.sweep_id, trial_id, uri, step)
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self._ended(trial, TrialState.terminated, "FINISHED")
+        self._ended(trial, TrialState.terminated)
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         live = self.live
@@ -169,25 +162,22 @@ class ProgressCallback(tune.Callback):
             log.warning("sweep %s: attempt %s owns it now; trial %s left to it", self.sweep_id, newer, trial.trial_id)
             live.stop.lease_lost.set()
             return
-        self._ended(trial, TrialState.error, "FAILED")
+        self._ended(trial, TrialState.error)
 
-    def _ended(self, trial: Any, state: TrialState, status: str) -> None:
+    def _ended(self, trial: Any, state: TrialState) -> None:
         live = self.live
         if live is None or self._finished_before(live, trial.trial_id):
             return
-        end_trial(live, trial.trial_id, state, status, trial.last_result or {})
+        end_trial(live, trial.trial_id, state, trial.last_result or {})
 
 
-def end_trial(live: LiveSweep, trial_id: str, state: TrialState, status: str, last_result: dict[str, Any]) -> None:
-    """MLflow first, then the ledger: once the ledger calls a trial finished it is never run again, so its
-    run must be ended by then (a kill in between leaves the trial to run on from its checkpoint)."""
+def end_trial(live: LiveSweep, trial_id: str, state: TrialState, last_result: dict[str, Any]) -> None:
+    """The trial's end in the ledger (a finished trial is never run again); the shipper ends its child run once
+    its rows are all in MLflow."""
     final = finished_result(last_result) if state == TrialState.terminated else None
     reason = None if state == TrialState.terminated else "the trial failed (its retries used up); see the worker log"
-
-    def record() -> None:
-        live.store.trial_ended(live.claim.sweep_id, trial_id, state, final_result=final, reason=reason)
-
-    live.tracker.end_trial(trial_id, status, then=record)
+    live.store.trial_ended(live.claim.sweep_id, trial_id, state, final_result=final, reason=reason)
+    live.tracker.shipper.notify()
 
 
 def _better(value: float, best: float | None, mode: str) -> bool:

@@ -2,13 +2,13 @@
 
 Tune saves its experiment state by its own rules (`TUNE_GLOBAL_CHECKPOINT_S`, every file written whole:
 workers.storage), so a restore may start from a state a few seconds behind the trials. The ledger is
-never behind what reached MLflow: the driver records each trial's results and end as they happen, and a
-checkpoint once the metrics it covers are written (workers.tracking `after_writes`). After a restore:
+never behind: the driver records each trial's steps (in the metric outbox, from which the shipper feeds
+MLflow: workers.shipper), checkpoints and end as they happen, each in one transaction. After a restore:
 - a trial the ledger holds as finished is not trained again: its trainable reports the stored final
   result and returns (workers.trainable), and nothing about it is logged again (workers.callbacks);
 - an interrupted trial resumes from the newer of Tune's checkpoint and the ledger's;
-- results a trial reports again after resuming from an older checkpoint reach MLflow once (the ledger's
-  `logged_iteration`);
+- results a trial reports again after resuming from an older checkpoint find their step in the outbox and add
+  nothing (the first value of a step wins), so MLflow gets each step once;
 - a trial that Tune's restored state does not know and its searcher does not make again (it started
   after the last save under Optuna or unseeded random sampling) is closed as lost once the experiment has
   run to its end, in the queue and in MLflow, with a reason (`reconcile`).
@@ -53,14 +53,20 @@ TUNE_KEYS = frozenset(
 """Keys Tune adds to every result: left out of a trial's stored final result (Tune adds them again)."""
 
 
+Resume = tuple[str | None, int]
+"""A trial's newest checkpoint folder in the ledger (a URI; None if it recorded none) and the iteration the ledger
+has committed (the trial's highest step in the metric outbox): the checkpoints of earlier attempts up to that
+iteration are usable (workers.checkpoints)."""
+
+
 @dataclass(frozen=True)
 class TrialRecord:
     """What the ledger tells a trial's trainable."""
 
     final_result: dict[str, Any] | None
     """Set once the trial finished: the trainable reports it and returns."""
-    resume: tuple[str, int] | None
-    """(checkpoint URI, iteration) of its newest checkpoint."""
+    resume: Resume | None
+    """Where and how far it may resume from (workers.checkpoints)."""
 
 
 Ledger = dict[str, TrialRecord]
@@ -152,7 +158,7 @@ def read_ledger(store: QueueStore, sweep_id: int) -> Ledger:
     ledger: Ledger = {}
     for t in store.trials(sweep_id):
         finished = t.final_result if t.state == "terminated" else None
-        resume = (t.checkpoint_path, t.checkpoint_iteration) if t.checkpoint_path else None
+        resume = (t.checkpoint_path, t.logged_iteration) if t.checkpoint_path or t.logged_iteration else None
         if finished is not None or resume is not None:
             ledger[t.trial_id] = TrialRecord(finished, resume)
     return ledger
@@ -190,8 +196,9 @@ def train_checkpoint_uri(path: str, storage: str) -> str:
 
 
 def prune_checkpoints(store: QueueStore, sweep_id: int) -> int:
-    """After a sweep succeeded: each trial's checkpoints but its last one are deleted (local storage only;
-    an object store's lifecycle rules are the operator's). Returns how many were deleted."""
+    """After a sweep succeeded: of each trial's checkpoint folders, only the one the ledger names stays (it holds
+    the checkpoint workers.checkpoints chooses; local storage only: an object store's lifecycle rules are the
+    operator's). Returns how many folders were deleted."""
     deleted = 0
     for t in store.trials(sweep_id):
         if not t.checkpoint_path or "://" in t.checkpoint_path:
@@ -205,24 +212,41 @@ def prune_checkpoints(store: QueueStore, sweep_id: int) -> int:
 
 
 def close_abandoned(settings: Settings, store: QueueStore) -> None:
-    """End the MLflow runs of sweeps that the queue gave up on while no worker of theirs was alive (their
-    last worker died on its last attempt), and move their unfinished trials to `error`."""
+    """Close the sweeps that the queue gave up on while no worker of theirs was alive (their last worker died on its
+    last attempt): their unfinished trials to `error` (`cancelled` for a cancelled sweep), what is left in their
+    outbox shipped, their child runs ended as their trial rows say, their parent run ended."""
     from service.models import SweepState, TrialState
+    from service.spec import SweepSpec
 
     for sweep in store.unclosed():
         from mlflow.tracking import MlflowClient  # only when there is a sweep to close: it takes a second
 
+        from workers.mlflow_store import unreachable
+        from workers.shipper import MetricShipper
+
         status = "KILLED" if sweep.state == SweepState.cancelled else "FAILED"
+        state = TrialState.cancelled if sweep.state == SweepState.cancelled else TrialState.error
+        reason = sweep.reason or sweep.state
+        store.close_trials(sweep.id, state, reason)
         client = MlflowClient(tracking_uri=settings.tracking_uri)
+        task = SweepSpec.model_validate(sweep.spec).task
+        assert sweep.mlflow_experiment_id is not None and sweep.mlflow_parent_run_id is not None  # store.unclosed
+        shipper = MetricShipper(
+            store, client, sweep.id, sweep.mlflow_experiment_id, sweep.mlflow_parent_run_id, task, settings.tracking_uri
+        )
         try:
-            for t in store.trials(sweep.id):
-                if t.mlflow_run_id and t.state not in ("terminated", "error", "cancelled", "lost"):
-                    client.set_terminated(t.mlflow_run_id, status=status)
-            if sweep.mlflow_parent_run_id:
-                client.set_terminated(sweep.mlflow_parent_run_id, status=status)
+            if not shipper.drain(wait_seconds=0):
+                log.warning("sweep %s: MLflow does not answer; its runs are closed at a later poll", sweep.id)
+                continue
+        except Exception as exc:
+            if unreachable(exc):
+                continue
+            # A row MLflow refuses stays refused: the runs are closed without it (the worker log names it).
+            log.error("sweep %s: MLflow refused a write of its outbox (%s); closing its runs without it", sweep.id, exc)
+        try:
+            client.set_terminated(sweep.mlflow_parent_run_id, status=status)
         except Exception as exc:  # MLflow away: the next poll tries again
             log.warning("sweep %s: cannot close its MLflow runs yet: %s", sweep.id, exc)
             continue
-        state = TrialState.cancelled if sweep.state == SweepState.cancelled else TrialState.error
-        if store.mark_closed(sweep.id, state, sweep.reason or sweep.state):
+        if store.mark_closed(sweep.id, state, reason):
             log.info("sweep %s (%s): closed its MLflow runs", sweep.id, sweep.state, extra={"action": "close"})

@@ -21,6 +21,9 @@ from sqlalchemy.pool import Pool
 
 log = logging.getLogger(__name__)
 
+PARENT_TAG, SWEEP_TAG, TRIAL_TAG = "layerlab.role", "layerlab.sweep_id", "layerlab.trial_id"
+"""Tags on every run the service makes: a resumed sweep finds its runs by them."""
+
 
 def fast_sqlite_commits(tracking_uri: str) -> None:
     """An MLflow store in SQLite (the embedded stack) commits in WAL mode without a sync per commit, as

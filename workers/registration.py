@@ -19,17 +19,22 @@ from mlflow.tracking import MlflowClient
 
 import jobs
 from jobs.registry import Task
-from workers.trainable import load_checkpoint_dir, task_params
+from workers import checkpoints
 
 log = logging.getLogger(__name__)
 
 
 def load_best_model(
-    task: Task, config: dict[str, Any], checkpoint_dir: str | Path, iteration: int | None = None
+    task: Task, config: dict[str, Any], checkpoint_dir: str | Path, committed: int | None = None
 ) -> torch.nn.Module:
-    """The model of a checkpoint folder's checkpoint of `iteration` (else its newest)."""
-    state = load_checkpoint_dir(checkpoint_dir, iteration)
-    model: torch.nn.Module = task.build_model(task.make_config(task_params(config)))
+    """The model of the checkpoint that workers.checkpoints chooses in a folder: the newest up to the ledger's
+    `committed` iteration (None: the newest there)."""
+    chosen = checkpoints.newest_usable([checkpoint_dir], attempt=None, committed=committed)
+    if chosen is None:
+        up_to = "" if committed is None else f" up to iteration {committed}"
+        raise FileNotFoundError(f"no checkpoint{up_to} in {checkpoint_dir}")
+    state = checkpoints.load(chosen)
+    model: torch.nn.Module = task.build_model(task.make_config(config))
     model.load_state_dict(state["model"])
     model.eval()
     return model
@@ -52,7 +57,7 @@ def register_model(
     client = MlflowClient(tracking_uri=tracking_uri)
     existing = _version_of_run(client, name, parent_run_id)
     if existing is None:
-        example = task.example_input(task.make_config(task_params(config)))
+        example = task.example_input(task.make_config(config))
         with torch.no_grad():
             output = model(example)
         signature = infer_signature(example.numpy(), output.detach().numpy())

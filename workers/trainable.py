@@ -6,40 +6,26 @@ build a Ray Train (V2) `TorchTrainer` whose workers report through `ray.train.re
 
 Every trainable first asks the sweep's ledger (workers.durability) about its trial: one that finished
 before a crash reports its stored final result and returns, and one that was interrupted resumes from
-the newer of its own checkpoint (Tune's, or Ray Train's latest; one of an earlier attempt only up to the
-ledger's iteration) and the ledger's (resume_point). Before each checkpoint, a trial checks the sweep's fence
+the newer of its own checkpoint (Tune's, or Ray Train's latest) and the ledger's, by the rule of
+workers.checkpoints (resume_point). Before each checkpoint, a trial checks the sweep's fence
 (workers.durability.Fence): a process left over from an earlier attempt writes nothing.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import logging
-import os
-import re
 import tempfile
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from jobs.registry import get_task
-from workers.durability import ITERATION_KEY, REPLAYED_KEY, Fence, Ledger
+from workers import checkpoints
+from workers.checkpoints import newest_usable, stored_checkpoints
+from workers.durability import ITERATION_KEY, REPLAYED_KEY, Fence, Ledger, Resume
 
 log = logging.getLogger(__name__)
-CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)(?:-a(\d+))?\.pt")
-"""A checkpoint file, named by what it holds: the iteration it was reported with (a trial resumed from it numbers
-its reports on from there) and the attempt of the sweep that wrote it (checkpoint_usable). Never by where it
-lies: Tune names a trial's checkpoint folders by a counter kept in its experiment state, and a state restored
-from a save older than the trial's newest checkpoint counts again from there, so a later attempt writes into a
-folder that already holds an earlier attempt's checkpoint, perhaps the very one the ledger confirmed (seen in
-tests/faults/test_endings.py: the ledger's folder then held a later iteration whose metrics MLflow never got,
-and the trial resumed past them). Tune copies a checkpoint's files into the folder without emptying it, so
-files named apart all stay."""
-LEGACY_FILE, LEGACY_STAMP = "checkpoint.pt", "layerlab.json"
-"""The layout before CHECKPOINT_NAME: one checkpoint per folder, its iteration and attempt in a file beside it."""
 ARTIFACTS_KEY = "artifacts"
 """Result key under which files from `session.log_artifact` reach the driver (name -> base64)."""
 NODE_KEY = "node_id"
@@ -68,109 +54,39 @@ class _Artifacts:
         return out
 
 
-@dataclass(frozen=True)
-class StoredCheckpoint:
-    path: Path
-    iteration: int
-    attempt: int | None
-    """The attempt of the sweep that wrote it; None outside a worker (no fence), or unknown."""
-
-
-def checkpoint_file_name(iteration: int, attempt: int | None) -> str:
-    return f"checkpoint-{iteration:06d}.pt" if attempt is None else f"checkpoint-{iteration:06d}-a{attempt}.pt"
-
-
-def stored_checkpoints(folder: str | Path) -> list[StoredCheckpoint]:
-    """The checkpoints a checkpoint folder holds, oldest iteration first."""
-    found = []
-    for path in Path(folder).glob("checkpoint*.pt"):
-        if m := CHECKPOINT_NAME.fullmatch(path.name):
-            found.append(StoredCheckpoint(path, int(m[1]), int(m[2]) if m[2] else None))
-    legacy = Path(folder) / LEGACY_FILE
-    if legacy.exists():
-        try:
-            stamp = json.loads((Path(folder) / LEGACY_STAMP).read_text())
-        except (OSError, ValueError):
-            stamp = {}  # from before stamps: iteration 0, attempt unknown
-        attempt = stamp.get("attempt")
-        found.append(
-            StoredCheckpoint(legacy, int(stamp.get("iteration", 0)), attempt if isinstance(attempt, int) else None)
-        )
-    return sorted(found, key=lambda c: (c.iteration, c.attempt or 0))
-
-
-def load_checkpoint_dir(path: str | Path, iteration: int | None = None) -> dict[str, Any]:
-    """The checkpoint of `iteration` in a checkpoint folder (the ledger knows which one it confirmed), else the
-    newest there."""
-    found = stored_checkpoints(path)
-    if iteration is not None:
-        found = [c for c in found if c.iteration == iteration]
-    if not found:
-        at = "" if iteration is None else f" of iteration {iteration}"
-        raise FileNotFoundError(f"no checkpoint{at} in {path}")
-    return _load(found[-1])
-
-
-def _load(checkpoint: StoredCheckpoint) -> dict[str, Any]:
-    state: dict[str, Any] = torch.load(checkpoint.path, map_location="cpu", weights_only=False)
-    return state
-
-
-def checkpoint_usable(iteration: int, attempt: int | None, fence: Fence | None, confirmed: int) -> bool:
-    """Whether a trial may resume from a checkpoint (its iteration, the attempt that wrote it): one of this
-    attempt (a retry within it) always; one of an earlier attempt only up to `confirmed`, the ledger's
-    iteration, whose metrics are known to be in MLflow (see resume_point)."""
-    return fence is None or attempt == fence.attempt or iteration <= confirmed
-
-
-def resume_point(own: Any, ledger: tuple[str, int] | None, fence: Fence | None) -> tuple[dict[str, Any] | None, int]:
+def resume_point(own: Any, ledger: Resume | None, fence: Fence | None) -> tuple[dict[str, Any] | None, int]:
     """(checkpoint state, its iteration) a resumed trial starts from; (None, 0) for a fresh start.
 
     `own`: the checkpoint Tune (`tune.get_checkpoint()`) or Ray Train (`ray.train.get_checkpoint()`, its run's
-    latest) hands the trial; `ledger`: the ledger's newest checkpoint of this trial (a URI) and its iteration.
-    The trial starts from the newest usable checkpoint in either folder. One of an earlier attempt is usable only
-    up to the ledger's iteration: Tune saves its state, and Train keeps its latest checkpoint, whenever they like,
-    so after a kill either may name a checkpoint whose step's metrics were still queued for MLflow; resumed past
-    it, the trial never reports that step again and MLflow never gets it (seen in tests/faults/test_endings.py: a
-    `loss` history without step 6). The ledger records a checkpoint only once the metrics it covers are written
-    (workers.tracking `after_writes`), so from its checkpoint (or from the start, without one) the steps in
-    between are reported again and the missing ones logged once."""
+    latest) hands the trial; `ledger`: the ledger's newest checkpoint folder of this trial (a URI) and the
+    iteration the ledger has committed. Either may lag the other (Tune saves its state whenever it likes), so the
+    trial starts from the newest checkpoint in either folder that workers.checkpoints.usable allows."""
     from ray.train import Checkpoint
 
-    confirmed = ledger[1] if ledger is not None else 0
+    attempt = fence.attempt if fence is not None else None
+    committed = None if fence is None else ledger[1] if ledger is not None else 0
+    sources = [("the trial's own", own)] if own is not None else []
+    if ledger is not None and ledger[0] and (own is None or Checkpoint(ledger[0]).path != own.path):
+        sources.append(("the ledger's", Checkpoint(ledger[0])))  # often the same folder as its own
     state: dict[str, Any] | None = None
     iteration = 0
-    sources = [("the trial's own", own)] if own is not None else []
-    if ledger is not None and (own is None or Checkpoint(ledger[0]).path != own.path):  # often the same folder
-        sources.append(("the ledger's", Checkpoint(ledger[0])))
     for name, source in sources:
         try:
             with source.as_directory() as d:
-                found = stored_checkpoints(d)
-                usable = [c for c in found if checkpoint_usable(c.iteration, c.attempt, fence, confirmed)]
-                if len(usable) < len(found):
-                    log.info(
-                        "%s checkpoint folder holds iterations past the ledger's (%s) from earlier attempts: "
-                        "not resumed from", name, confirmed,
-                    )  # fmt: skip
-                if usable and usable[-1].iteration > iteration:
-                    state, iteration = _load(usable[-1]), usable[-1].iteration
+                best = newest_usable([d], attempt, committed)
+                if best is not None and best.iteration > iteration:
+                    state, iteration = checkpoints.load(best), best.iteration
         except Exception as exc:  # noqa: BLE001 - e.g. an object store this process cannot reach by URI alone
             log.warning("cannot read %s checkpoint %s (%s); resuming as if it were not there", name, source, exc)
     return state, iteration
 
 
-def _stamped_checkpoint_dir(d: str, checkpoint: dict[str, Any], iteration: int, fence: Fence | None) -> None:
-    """Fill `d` with a checkpoint in a file named by its iteration and the attempt that wrote it (CHECKPOINT_NAME)."""
-    torch.save(checkpoint, os.path.join(d, checkpoint_file_name(iteration, fence.attempt if fence else None)))
-
-
 class TuneSession(_Artifacts):
-    """Session for a plain Tune trial (one process). `resume`: the ledger's newest checkpoint of this trial
-    (a URI) and its iteration (resume_point); `fence`: the attempt this trial belongs to (None: unfenced,
-    outside a worker)."""
+    """Session for a plain Tune trial (one process). `resume`: the ledger's newest checkpoint folder of this
+    trial (a URI) and the iteration it has committed (resume_point); `fence`: the attempt this trial belongs to
+    (None: unfenced, outside a worker)."""
 
-    def __init__(self, resume: tuple[str, int] | None = None, fence: Fence | None = None) -> None:
+    def __init__(self, resume: Resume | None = None, fence: Fence | None = None) -> None:
         from ray import tune
 
         super().__init__()
@@ -190,7 +106,7 @@ class TuneSession(_Artifacts):
             self._fence.check()
         # tune.report persists the folder before returning, so the temp folder may go right after.
         with tempfile.TemporaryDirectory() as d:
-            _stamped_checkpoint_dir(d, checkpoint, self.iteration, self._fence)
+            checkpoints.save(d, checkpoint, self.iteration, self._fence.attempt if self._fence else None)
             self._tune.report(metrics, checkpoint=self._tune.Checkpoint.from_directory(d))
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -202,7 +118,7 @@ class TrainSession(_Artifacts):
     TuneReportCallback forwards rank 0's metrics). Every rank resumes from the same point (resume_point sees
     the same checkpoints on each) and numbers its reports alike."""
 
-    def __init__(self, resume: tuple[str, int] | None = None, fence: Fence | None = None) -> None:
+    def __init__(self, resume: Resume | None = None, fence: Fence | None = None) -> None:
         import ray.train
         import ray.train.torch
 
@@ -222,7 +138,7 @@ class TrainSession(_Artifacts):
             if checkpoint is not None and self.world_rank == 0:
                 if self._fence is not None:
                     self._fence.check()
-                _stamped_checkpoint_dir(d, checkpoint, self.iteration, self._fence)
+                checkpoints.save(d, checkpoint, self.iteration, self._fence.attempt if self._fence else None)
                 ckpt = self._train.Checkpoint.from_directory(d)
             self._train.report(metrics, checkpoint=ckpt)
 
@@ -230,11 +146,6 @@ class TrainSession(_Artifacts):
         import ray.train.torch
 
         return ray.train.torch.prepare_model(model)
-
-
-def task_params(config: dict[str, Any]) -> dict[str, Any]:
-    """Trial config minus keys Tune or we add (none today; kept as the one place to filter)."""
-    return {k: v for k, v in config.items() if not k.startswith("_")}
 
 
 def _replayed(ledger: Ledger | None) -> bool:
@@ -262,14 +173,14 @@ def run_trial(
     # (a 1000-step XOR run took 12 s with 2 threads next to a busy core, 1.1 s with 1).
     torch.set_num_threads(max(1, int(cpus)))
     task = get_task(task_name)
-    cfg = task.make_config(task_params(config))
+    cfg = task.make_config(config)
     task.train(cfg, TuneSession(record.resume if record else None, fence))
 
 
 def _train_worker_loop(loop_config: dict[str, Any]) -> None:
     torch.set_num_threads(max(1, int(loop_config["cpus"])))
     task = get_task(loop_config["task"])
-    cfg = task.make_config(task_params(loop_config["config"]))
+    cfg = task.make_config(loop_config["config"])
     task.train(cfg, TrainSession(loop_config.get("resume"), loop_config.get("fence")))
 
 
@@ -318,3 +229,6 @@ def run_trial_distributed(
         ),
     )
     trainer.fit()
+
+
+__all__ = ["resume_point", "run_trial", "run_trial_distributed", "stored_checkpoints"]

@@ -17,8 +17,6 @@ import threading
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from service.queue import Claim, QueueStore
 from service.settings import Settings
 from service.spec import SweepSpec
 from workers.offer import ClusterOffer
+from workers.stop import StopRequests
 from workers.supervisor import local_worker_id, take_over_dead_local_leases
 
 log = logging.getLogger(__name__)
@@ -99,23 +98,6 @@ def warm_up(settings: Settings) -> None:
         mlflow.MlflowClient(settings.tracking_uri).search_experiments(max_results=1)
     except Exception as exc:  # MLflow away: the sweep's own calls wait for it
         log.info("MLflow at %s did not answer the warm-up: %s", settings.tracking_uri, exc)
-
-
-@dataclass
-class StopRequests:
-    """Why this attempt should stop before its trials are done. Set from any thread; acted on by the
-    callback on Tune's own thread (`ProgressCallback.on_step_begin`)."""
-
-    cancel: threading.Event = field(default_factory=threading.Event)
-    lease_lost: threading.Event = field(default_factory=threading.Event)
-    shutdown: threading.Event = field(default_factory=threading.Event)
-    ending: threading.Event = field(default_factory=threading.Event)
-    """Set once the worker records the sweep's end (or gives it back): the lease then ends by design."""
-    interrupted: bool = False
-    """Whether the callback has ended fit() early for one of these requests."""
-
-    def any(self) -> bool:
-        return self.cancel.is_set() or self.lease_lost.is_set() or self.shutdown.is_set()
 
 
 class Worker:
@@ -217,21 +199,24 @@ class Worker:
                     from workers.callbacks import LIVE
 
                     LIVE.pop(claim.sweep_id, None)
-                    self._safe(live.tracker.close)  # its writer thread, if any
+                    self._safe(live.tracker.close)  # its shipper's thread
 
     def _close(self, claim: Claim, live: Any, status: str, reason: str) -> None:
-        """End a sweep that did not succeed: its open child runs and its parent run with `status`
-        (FAILED / KILLED), then the sweep and its unfinished trial rows (error / cancelled)."""
-        closed = live is not None
+        """End a sweep that did not succeed: its unfinished trial rows to error / cancelled, MLflow brought up to
+        them (what is left shipped, child runs and parent run ended with `status`, FAILED / KILLED), then the
+        sweep in the queue: whoever sees it ended finds its runs ended. If MLflow does not answer, the sweep ends
+        unclosed and the queue's closer of abandoned sweeps finishes the job (workers.durability)."""
+        trial_state = TrialState.cancelled if status == "KILLED" else TrialState.error
+        closed = False
         if live is not None:
             try:
-                live.tracker.flush(wait_seconds=60)
-                live.tracker.end_open_trials(status)
-                live.tracker.log_summary()
-                live.tracker.end_parent(status)
-            except Exception as exc:  # MLflow away: the queue's closer tries again later
+                self.store.close_trials(claim.sweep_id, trial_state, reason)
+                if live.tracker.shipper.drain(wait_seconds=60):
+                    live.tracker.log_summary()
+                    live.tracker.end_parent(status)
+                    closed = True
+            except Exception as exc:  # MLflow away or refusing: the queue's closer tries again later
                 log.warning("sweep %s: could not close its MLflow runs: %s", claim.sweep_id, exc)
-                closed = False
         try:
             if self._stop is not None:
                 self._stop.ending.set()
@@ -302,6 +287,7 @@ class Worker:
         live.best = self.store.get(claim.sweep_id).best_metric
         LIVE[claim.sweep_id] = live
         holder["live"] = live
+        tracker.shipper.start()  # first, what an earlier attempt left unshipped
 
         trainable = make_trainable(spec, self.settings.tune_storage, ledger, fence)
         if tune.Tuner.can_restore(path, storage_filesystem=fs):
@@ -333,15 +319,14 @@ class Worker:
             return
         if stop.shutdown.is_set():
             self.shutdown.set()
-            tracker.flush(wait_seconds=10)  # writes still kept back now are lost (logged_iteration moved on)
+            tracker.shipper.drain(wait_seconds=10)  # what is left waits in the outbox for the next attempt
             stop.ending.set()
             self.store.requeue(claim, f"worker {self.worker_id} shut down; the sweep resumes on the next claim")
             return
-        if not tracker.flush(wait_seconds=MLFLOW_OUTAGE_SECONDS):
-            uri = self.settings.tracking_uri
-            raise RuntimeError(f"MLflow at {uri} stayed unreachable; metrics of this sweep are missing there")
         reconcile(live, results)
-        tracker.flush(wait_seconds=MLFLOW_OUTAGE_SECONDS)
+        if not tracker.shipper.drain(wait_seconds=MLFLOW_OUTAGE_SECONDS):  # a sweep ends when nothing is unshipped
+            uri = self.settings.tracking_uri
+            raise RuntimeError(f"MLflow at {uri} stayed unreachable; this sweep's metrics wait in the queue's outbox")
         self._finish(claim, spec, task, tracker, results)
 
     def _finish(self, claim: Claim, spec: SweepSpec, task: Any, tracker: Any, results: Any) -> None:
@@ -387,22 +372,22 @@ class Worker:
         log.info("sweep %s: kept each trial's last checkpoint, deleted %d older ones", claim.sweep_id, pruned)
 
     def _best_checkpoint(self, claim: Claim, trial_id: str, best: Any) -> tuple[Path, int | None]:
-        """A local folder holding the best trial's last checkpoint, and its iteration where known: the ledger's
-        (Tune's restored view of a trial that finished before a crash may name an older one), else Tune's, else
-        Ray Train's (the newest in its folder)."""
+        """A local folder holding the best trial's checkpoint, and the iteration the ledger committed for it
+        (workers.checkpoints chooses the file): the ledger's folder (Tune's restored view of a trial that
+        finished before a crash may name an older one), else Tune's, else Ray Train's."""
         from ray import tune
 
         row = next((t for t in self.store.trials(claim.sweep_id) if t.trial_id == trial_id), None)
-        iteration = None
+        committed = row.logged_iteration if row is not None else None
         if row is not None and row.checkpoint_path:
-            checkpoint, iteration = tune.Checkpoint(row.checkpoint_path), row.checkpoint_iteration
+            checkpoint = tune.Checkpoint(row.checkpoint_path)
         elif best.checkpoint is not None:
             checkpoint = best.checkpoint
         elif best.metrics.get("checkpoint_path"):  # a Ray Train trial: its checkpoint lives in Train's storage
             checkpoint = tune.Checkpoint(best.metrics["checkpoint_path"])
         else:
             raise RuntimeError(f"the best trial {trial_id} reported no checkpoint; cannot register a model")
-        return Path(checkpoint.to_directory()), iteration
+        return Path(checkpoint.to_directory()), committed
 
 
 def logged_keys(task: Any) -> list[str]:
@@ -425,22 +410,17 @@ def reconcile(live: Any, results: Any) -> None:
             continue
         result = by_id.get(t.trial_id)
         if result is not None:
-            failed = result.error is not None
-            state, status = (TrialState.error, "FAILED") if failed else (TrialState.terminated, "FINISHED")
-            end_trial(live, t.trial_id, state, status, result.metrics)
+            end_trial(live, t.trial_id, TrialState.error if result.error is not None else TrialState.terminated,
+                      result.metrics)  # fmt: skip
             continue
         log.warning("sweep %s: trial %s %s", live.claim.sweep_id, t.trial_id, LOST_REASON)
-        live.tracker.end_trial(t.trial_id, "FAILED", then=partial(_record_lost, live, t.trial_id))
+        live.store.trial_ended(live.claim.sweep_id, t.trial_id, TrialState.lost, reason=LOST_REASON)
 
 
 LOST_REASON = (
     "lost: it started after Tune's last saved state, and the searcher does not make it again "
     "(it suggested another trial in its place)"
 )
-
-
-def _record_lost(live: Any, trial_id: str) -> None:
-    live.store.trial_ended(live.claim.sweep_id, trial_id, TrialState.lost, reason=LOST_REASON)
 
 
 def failure_reason(exc: BaseException) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import base64
 import json
 import time
 from collections.abc import AsyncIterator
@@ -361,9 +362,12 @@ def test_names_and_files_stay_under_the_artifact_root(tmp_path: Path) -> None:
         tracker = SweepTracker(settings, store, claim, spec)
         location = Path(tracker.client.get_experiment(tracker.experiment_id).artifact_location.removeprefix("file://"))
         assert location == root / name, location
-        run = tracker.child_run("t1", {"data_dir": "$(touch pwned) ../../x", "seed": 1})
+        store.trial_started(claim.sweep_id, "t1", {"data_dir": "$(touch pwned) ../../x", "seed": 1})
         files = {"../../escape.txt": b"x", "/abs/olute.txt": b"y", "ok.txt": b"z", "..": b"u", ".": b"v", "": b"w"}
-        tracker.log_trial_files("t1", files)
+        encoded = {k: base64.b64encode(v).decode() for k, v in files.items()}
+        store.trial_result(claim.sweep_id, "t1", 1, {}, files=encoded)
+        assert tracker.shipper.drain(wait_seconds=0)
+        run = store.trial(claim.sweep_id, "t1").mlflow_run_id
         assert sorted(a.path for a in tracker.client.list_artifacts(run)) == ["escape.txt", "ok.txt", "olute.txt"]
         assert (location / run / "artifacts" / "ok.txt").read_bytes() == b"z"
         assert tracker.client.get_run(run).data.params["data_dir"] == "$(touch pwned) ../../x"  # a value, not a path

@@ -261,18 +261,23 @@ def test_a_trials_row_follows_its_starts_results_and_end(store: QueueStore, make
         return row.state, row.config, row.starts, row.node_id, row.iteration, row.metrics, row.logged_iteration
 
     # A result before any start (a restored trial reporting first) makes the row.
-    assert store.trial_result(sweep_id, "t0", 2, {"loss": 0.5}, node_id="n1", to_log=True)
+    assert store.trial_result(sweep_id, "t0", 2, {"loss": 0.5}, node_id="n1")
     assert t0() == ("pending", {}, 0, "n1", 2, {"loss": 0.5}, 2)
     store.trial_started(sweep_id, "t0", {"seed": 3}, node_id="n2")
     store.trial_started(sweep_id, "t0", {"seed": 3})  # started again (restored): the node stays known
     assert t0() == ("running", {"seed": 3}, 2, "n2", 2, {"loss": 0.5}, 2)
-    # Logged once: a replayed iteration is not logged again; a late, older result does not replace the latest.
-    assert not store.trial_result(sweep_id, "t0", 2, {"loss": 0.5}, to_log=True)
-    assert not store.trial_result(sweep_id, "t0", 1, {"loss": 0.9}, to_log=True)
-    assert t0() == ("running", {"seed": 3}, 2, "n2", 2, {"loss": 0.5}, 2)
-    assert not store.trial_result(sweep_id, "t0", 3, {"loss": 0.4})  # recorded, not to log
-    assert t0() == ("running", {"seed": 3}, 2, "n2", 3, {"loss": 0.4}, 2)
-    assert store.trial_result(sweep_id, "t0", 3, {"loss": 0.4}, to_log=True)
+    # The first value of a step wins: a step reported again adds no outbox row; a late, older result does not
+    # replace the latest, but its step, never reported before, gets its row.
+    assert not store.trial_result(sweep_id, "t0", 2, {"loss": 0.55})
+    assert store.trial_result(sweep_id, "t0", 1, {"loss": 0.9})
+    assert t0() == ("running", {"seed": 3}, 2, "n2", 2, {"loss": 0.55}, 2)  # the row: the latest report
+    assert store.trial_result(sweep_id, "t0", 3, {"loss": 0.4}, files={"a.txt": "eA=="})
+    assert t0() == ("running", {"seed": 3}, 2, "n2", 3, {"loss": 0.4}, 3)
+    assert store.outbox_history(sweep_id) == {"t0": {1: {"loss": 0.9}, 2: {"loss": 0.5}, 3: {"loss": 0.4}}}
+    rows = store.unshipped(sweep_id, 10)
+    assert [(r.step, r.files) for r in rows] == [(2, None), (1, None), (3, {"a.txt": "eA=="})]  # in written order
+    store.mark_shipped([rows[0].id])
+    assert [r.step for r in store.unshipped(sweep_id, 10)] == [1, 3]
     # The first MLflow run id stays; a second claimant gets the first back.
     assert store.set_trial_run(sweep_id, "t1", "run-a") == "run-a"
     assert store.set_trial_run(sweep_id, "t1", "run-b") == "run-a"

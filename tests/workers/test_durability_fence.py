@@ -14,7 +14,6 @@ import pytest
 
 from tests.production.cluster import moto_s3
 from workers.durability import Fence, SupersededAttempt
-from workers.trainable import checkpoint_usable
 
 
 def _ladder(storage: str) -> None:
@@ -31,15 +30,6 @@ def _ladder(storage: str) -> None:
         first.check()
     second.check()
     assert Fence.for_sweep(storage, 4, attempt=1).owner() is None  # another sweep's fence is its own
-
-
-def test_a_trials_own_checkpoint_from_an_earlier_attempt_is_used_only_up_to_the_ledger() -> None:
-    now = Fence("unused", attempt=3)
-    assert checkpoint_usable(9, 3, now, confirmed=0)  # a retry within this attempt
-    assert checkpoint_usable(6, 2, now, confirmed=6)  # its metrics are known to be in MLflow
-    assert not checkpoint_usable(7, 2, now, confirmed=6)  # step 7 may have died in the writer's queue
-    assert not checkpoint_usable(7, None, now, confirmed=0)  # unstamped: from before stamps, unconfirmed
-    assert checkpoint_usable(7, None, None, confirmed=0)  # outside a worker: no ledger to consult
 
 
 def test_a_newer_claim_stops_older_attempts_on_local_storage(tmp_path: Path) -> None:

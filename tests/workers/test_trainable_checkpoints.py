@@ -1,21 +1,18 @@
-"""Checkpoint files are named by what they hold (workers.trainable.CHECKPOINT_NAME), because Tune may write a later
+"""Checkpoint files are named by what they hold (workers.checkpoints), because Tune may write a later
 attempt's checkpoint into the very folder the ledger confirmed: it names a trial's checkpoint folders by a counter
 in its experiment state, and a state restored from a save older than the trial's newest checkpoint counts again.
-The folder then holds both, and a trial resumes from the ledger's iteration, not past it."""
+The folder then holds both, and a trial resumes from the ledger's iteration, not past it (workers.checkpoints)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from workers.durability import train_checkpoint_uri
-from workers.trainable import LEGACY_FILE, LEGACY_STAMP, load_checkpoint_dir, stored_checkpoints
 
 RESTORED_FROM_AN_OLDER_STATE = """
 import sys
@@ -86,25 +83,6 @@ def test_a_later_attempt_writing_into_the_ledgers_folder_does_not_move_the_resum
     assert "FOLDER ['checkpoint-000002-a2.pt', 'checkpoint-000003-a3.pt']" in out.stdout, out.stdout
     # Iteration 3's metrics may never have reached MLflow: attempt 4 starts after 2, so it reports 3 again.
     assert "ATTEMPT 4 RESUMES AT 2 {'iteration': 2}" in out.stdout, out.stdout
-
-
-def test_a_checkpoint_folder_is_read_by_iteration_and_in_the_layout_before_named_files(tmp_path: Path) -> None:
-    torch.save({"at": 4}, tmp_path / "checkpoint-000004-a2.pt")
-    torch.save({"at": 6}, tmp_path / "checkpoint-000006-a3.pt")
-    torch.save({"at": 5}, tmp_path / "checkpoint-000005.pt")  # written outside a worker: no attempt
-    (tmp_path / "notes.txt").write_text("not a checkpoint")
-    assert [(c.iteration, c.attempt) for c in stored_checkpoints(tmp_path)] == [(4, 2), (5, None), (6, 3)]
-    assert load_checkpoint_dir(tmp_path) == {"at": 6}
-    assert load_checkpoint_dir(tmp_path, iteration=4) == {"at": 4}
-    with pytest.raises(FileNotFoundError, match="no checkpoint of iteration 7 in"):
-        load_checkpoint_dir(tmp_path, iteration=7)
-
-    legacy = tmp_path / "legacy"
-    legacy.mkdir()
-    torch.save({"at": 3}, legacy / LEGACY_FILE)
-    (legacy / LEGACY_STAMP).write_text(json.dumps({"iteration": 3, "attempt": 1}))
-    assert [(c.iteration, c.attempt) for c in stored_checkpoints(legacy)] == [(3, 1)]
-    assert load_checkpoint_dir(legacy, iteration=3) == {"at": 3}
 
 
 def test_a_train_checkpoint_path_becomes_a_uri_on_its_storage() -> None:
