@@ -51,10 +51,10 @@ def _unit(path: Path) -> str:
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Every test in a stack folder is a stack test, marked here so that no module there can forget it; a stack
-    # test elsewhere carries `pytest.mark.stack` itself. `slow`, the marker's old name, still means the same.
+    # test elsewhere carries `pytest.mark.stack` itself.
     for item in items:
         in_stack_folder = item.path.is_relative_to(TESTS) and item.path.relative_to(TESTS).parts[0] in STACK_DIRS
-        if in_stack_folder or item.get_closest_marker("slow"):
+        if in_stack_folder:
             item.add_marker(pytest.mark.stack)
     # xdist hands out the work units in collection order (--no-loadscope-reorder): the stack tests first, so
     # the longest unit starts at once instead of after the modules with more tests, the sweeps-only ones last.

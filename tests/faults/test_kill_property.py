@@ -28,7 +28,7 @@ from tests.support import LAYERLAB, wait_until
 
 from .conftest import actions, private_ray
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.stack
 
 KILLS = 20
 TRIALS, ITERATIONS = 4, 40

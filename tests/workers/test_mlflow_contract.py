@@ -18,8 +18,8 @@ import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from tests.e2e.conftest import free_port, wait_until
 from tests.production.cluster import pg_databases
+from tests.support import free_port, wait_until
 
 
 def resent_history(client: MlflowClient, artifacts: Path) -> dict[str, list[tuple[int, int, float]]]:
@@ -70,7 +70,7 @@ def server_on_postgres(tmp_path: Path) -> Iterator[str]:
             proc.wait(timeout=30)
 
 
-@pytest.mark.slow
+@pytest.mark.stack
 def test_a_server_on_postgresql_keeps_an_identical_metric_once(server_on_postgres: str, tmp_path: Path) -> None:
     client = MlflowClient(tracking_uri=server_on_postgres)
     assert resent_history(client, tmp_path / "artifacts") == EXPECTED

@@ -21,7 +21,7 @@ from service.models import TrialState
 from service.queue import QueueStore
 from service.settings import Settings
 from service.spec import parse_spec
-from tests.e2e.conftest import free_port, wait_until
+from tests.support import free_port, wait_until
 from workers.durability import close_abandoned
 from workers.shipper import MetricShipper
 from workers.tracking import SweepTracker
@@ -166,7 +166,7 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Path, int]]:
     proc.wait(timeout=30)
 
 
-@pytest.mark.slow
+@pytest.mark.stack
 def test_a_refused_write_fails_the_sweep_and_nothing_after_it_is_marked(
     server: tuple[str, Path, int], tmp_path: Path
 ) -> None:
@@ -182,7 +182,7 @@ def test_a_refused_write_fails_the_sweep_and_nothing_after_it_is_marked(
         tracker.shipper.drain(wait_seconds=0)  # and it stays failed
 
 
-@pytest.mark.slow
+@pytest.mark.stack
 def test_while_mlflow_is_away_rows_wait_and_results_are_recorded_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
