@@ -344,3 +344,27 @@ def render_doc(text: str, files: Mapping[str, Mapping[str, Any]]) -> tuple[str, 
         return m.group(1) + claims_table(files[name]) + m.group(4)
 
     return BLOCK.sub(fill, text), missing
+
+
+def claims_files(
+    spec: Any, modes: Mapping[str, str], sweep: Mapping[str, Any], finished: Sequence[Mapping[str, Any]]
+) -> dict[str, bytes]:
+    """summary/claims.json and claims.md of a sweep that ended: the spec's (service.spec.SweepSpec) claims judged
+    on its trials that finished without error (trial_id, config, metrics at their last result); `modes`: the task's
+    metric name -> min | max. `sweep`: its id,
+    parent run id and number of trials."""
+    from datetime import UTC, datetime
+
+    about = {
+        "id": sweep["id"],
+        "name": spec.name,
+        "task": spec.task,
+        "experiment": spec.name,
+        "parent_run_id": sweep["parent_run_id"],
+        "finished_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "trials_total": sweep["trials_total"],
+        "trials_finished": len(finished),
+    }
+    judged = judge([c.model_dump(mode="json") for c in spec.claims], finished, modes)
+    data = claims_json(about, judged)
+    return {"claims.json": data, "claims.md": claims_markdown(read_claims(data))}

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workers.storage import is_uri
+
 if TYPE_CHECKING:
     from service.queue import QueueStore
     from service.settings import Settings
@@ -106,7 +108,7 @@ class Fence:
     def claim(self) -> None:
         """Write this attempt as the sweep's owner, whole (a reader sees the old number or the new one)."""
         data = json.dumps({"attempt": self.attempt}).encode()
-        if "://" in self.uri:
+        if is_uri(self.uri):
             import pyarrow.fs as pafs
 
             fs, path = pafs.FileSystem.from_uri(self.uri)
@@ -126,7 +128,7 @@ class Fence:
         """The attempt written last, or None if it cannot be read (then nothing is held back: the fence only
         ever stops a process that is sure to be superseded)."""
         try:
-            if "://" in self.uri:
+            if is_uri(self.uri):
                 import pyarrow.fs as pafs
 
                 fs, path = pafs.FileSystem.from_uri(self.uri)
@@ -155,9 +157,11 @@ class Fence:
 
 
 def read_ledger(store: QueueStore, sweep_id: int) -> Ledger:
+    from service.models import TrialState
+
     ledger: Ledger = {}
     for t in store.trials(sweep_id):
-        finished = t.final_result if t.state == "terminated" else None
+        finished = t.final_result if t.state == TrialState.terminated else None
         resume = (t.checkpoint_path, t.logged_iteration) if t.checkpoint_path or t.logged_iteration else None
         if finished is not None or resume is not None:
             ledger[t.trial_id] = TrialRecord(finished, resume)
@@ -190,7 +194,7 @@ def checkpoint_uri(checkpoint: Any) -> str:
 def train_checkpoint_uri(path: str, storage: str) -> str:
     """A Ray Train checkpoint's path, as TuneReportCallback hands it on (the path within its filesystem, without
     the scheme of an object store), as a URI that `ray.tune.Checkpoint(uri)` opens again."""
-    if "://" in path or "://" not in storage:
+    if is_uri(path) or not is_uri(storage):
         return path
     return f"{storage.split('://', 1)[0]}://{path}"
 
@@ -201,7 +205,7 @@ def prune_checkpoints(store: QueueStore, sweep_id: int) -> int:
     operator's). Returns how many folders were deleted."""
     deleted = 0
     for t in store.trials(sweep_id):
-        if not t.checkpoint_path or "://" in t.checkpoint_path:
+        if not t.checkpoint_path or is_uri(t.checkpoint_path):
             continue
         last = Path(t.checkpoint_path)
         for folder in last.parent.glob("checkpoint_*"):

@@ -174,7 +174,7 @@ class MetricShipper:
             self.client.log_batch(run_id, metrics=metrics[i : i + MAX_METRICS_PER_CALL])
         for row in rows:
             if row.files:
-                self._log_files(run_id, {k: base64.b64decode(v) for k, v in row.files.items()})
+                self.log_files(run_id, {k: base64.b64decode(v) for k, v in row.files.items()})
         self.store.mark_shipped([row.id for row in rows])
         return len(rows)
 
@@ -236,23 +236,19 @@ class MetricShipper:
             self._earlier = found
         return self._earlier
 
-    def _log_files(self, run_id: str, files: dict[str, bytes]) -> None:
-        if run_id not in self._repos:
+    def log_files(self, run_id: str, files: dict[str, bytes], folder: str | None = None) -> None:
+        """Write named files into a run's artifacts (a task's files, the sweep's summary). Path(...).name: a
+        task-chosen name never climbs out of the folder; "", "." and ".." name no file."""
+        if run_id not in self._repos:  # MLflow's own log_artifacts reads the whole run back on every call
             uri = self.client.get_run(run_id).info.artifact_uri
             self._repos[run_id] = get_artifact_repository(uri, self.tracking_uri)
-        log_files(self._repos[run_id], files)
-
-
-def log_files(repo: ArtifactRepository, files: dict[str, bytes], folder: str | None = None) -> None:
-    """Write named files into a run's artifacts (a task's files, a sweep's summary). Path(...).name: a task-chosen
-    name never climbs out of the folder; "", "." and ".." name no file."""
-    named = {Path(name).name: data for name, data in files.items()}
-    for bad in named.keys() & {"", ".", ".."}:
-        log.warning("a task logged a file named %r, which names no file: left out", bad)
-        del named[bad]
-    if not named:
-        return
-    with tempfile.TemporaryDirectory() as d:
-        for name, data in named.items():
-            (Path(d) / name).write_bytes(data)
-        repo.log_artifacts(d, artifact_path=folder)  # type: ignore[no-untyped-call]
+        named = {Path(name).name: data for name, data in files.items()}
+        for bad in named.keys() & {"", ".", ".."}:
+            log.warning("a task logged a file named %r, which names no file: left out", bad)
+            del named[bad]
+        if not named:
+            return
+        with tempfile.TemporaryDirectory() as d:
+            for name, data in named.items():
+                (Path(d) / name).write_bytes(data)
+            self._repos[run_id].log_artifacts(d, artifact_path=folder)  # type: ignore[no-untyped-call]

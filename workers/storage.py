@@ -180,9 +180,14 @@ class AtomicLocalHandler(pafs.FileSystemHandler):  # type: ignore[misc]
         return self._local.open_append_stream(path, metadata=metadata)
 
 
+def is_uri(path: str) -> bool:
+    """A storage location on a filesystem named by its scheme (s3://, file://), not a local path."""
+    return "://" in path
+
+
 def tune_storage(storage_path: str) -> tuple[str, pafs.FileSystem | None]:
     """(storage path, filesystem) for Tune's RunConfig and Tuner.restore: the atomic filesystem for a local
     path, Tune's own resolution (None) for a URI such as s3://."""
-    if "://" in storage_path:
+    if is_uri(storage_path):
         return storage_path, None
     return os.path.abspath(storage_path), pafs.PyFileSystem(AtomicLocalHandler())

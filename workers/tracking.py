@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param
-from mlflow.store.artifact.artifact_repo import ArtifactRepository
-from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 from mlflow.tracking import MlflowClient
 
 from service.queue import Claim, QueueStore
@@ -40,7 +38,7 @@ from workers.mlflow_store import (
     short,
     unreachable,
 )
-from workers.shipper import RETRY_SECONDS, MetricShipper, log_files, param_value
+from workers.shipper import RETRY_SECONDS, MetricShipper, param_value
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +52,6 @@ class SweepTracker:
     def __init__(self, settings: Settings, store: QueueStore, claim: Claim, spec: SweepSpec) -> None:
         self.settings, self.store, self.claim, self.spec = settings, store, claim, spec
         self.sweep_id = claim.sweep_id
-        # Run id -> its artifact repository: MLflow's log_artifacts reads the whole run back each time
-        # to find where its artifacts go.
-        self._repos: dict[str, ArtifactRepository] = {}
         if settings.tracking_uri.startswith(("http://", "https://")):
             # MLflow prints a "View run" line for every run it ends on a server: 200 per 200-trial sweep.
             os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
@@ -158,30 +153,20 @@ class SweepTracker:
         """Trials table and plots on the parent run."""
         trials = self.store.trials(self.sweep_id)
         metric = self.spec.metric.name
+        rows = io.StringIO()
+        keys = sorted({k for t in trials for k in t.config})
+        writer = csv.writer(rows)
+        writer.writerow(["trial_id", "state", "iteration", metric, *keys, "mlflow_run_id"])
+        for t in trials:
+            config = [t.config.get(k) for k in keys]
+            writer.writerow([t.trial_id, t.state, t.iteration, (t.metrics or {}).get(metric), *config, t.mlflow_run_id])
+        self.log_files({"trials.csv": rows.getvalue().encode()})
         with tempfile.TemporaryDirectory() as d:
-            rows = io.StringIO()
-            keys = sorted({k for t in trials for k in t.config})
-            writer = csv.writer(rows)
-            writer.writerow(["trial_id", "state", "iteration", metric, *keys, "mlflow_run_id"])
-            for t in trials:
-                value = (t.metrics or {}).get(metric)
-                writer.writerow(
-                    [t.trial_id, t.state, t.iteration, value, *[t.config.get(k) for k in keys], t.mlflow_run_id]
-                )
-            (Path(d) / "trials.csv").write_text(rows.getvalue())
-            self.client.log_artifact(self.parent_run_id, str(Path(d) / "trials.csv"))
-            for path in self._plots(trials, Path(d)):
-                self.client.log_artifact(self.parent_run_id, str(path), artifact_path="plots")
+            self.log_files({path.name: path.read_bytes() for path in self._plots(trials, Path(d))}, folder="plots")
 
-    def log_files(self, files: dict[str, bytes], folder: str) -> None:
-        """Write named files (a task's sweep-level summary) as artifacts of the parent run."""
-        log_files(self._repo(self.parent_run_id), files, folder)
-
-    def _repo(self, run_id: str) -> ArtifactRepository:
-        if run_id not in self._repos:
-            uri = self.client.get_run(run_id).info.artifact_uri
-            self._repos[run_id] = get_artifact_repository(uri, self.settings.tracking_uri)
-        return self._repos[run_id]
+    def log_files(self, files: dict[str, bytes], folder: str | None = None) -> None:
+        """Write named files (the sweep's summary) as artifacts of the parent run."""
+        self.shipper.log_files(self.parent_run_id, files, folder)
 
     def _plots(self, trials: list[Any], folder: Path) -> list[Path]:
         from workers.summary_plots import STEP_KEY, draw_summary
@@ -199,16 +184,12 @@ class SweepTracker:
         if best:
             self.client.log_batch(
                 self.parent_run_id,
-                metrics=[Metric(f"best/{self.spec.metric.name}", float(best["value"]), _now_ms(), 0)],
+                metrics=[Metric(f"best/{self.spec.metric.name}", float(best["value"]), int(time.time() * 1000), 0)],
                 tags=[],
             )
             self.client.set_tag(self.parent_run_id, "layerlab.best_trial_id", best["trial_id"])
             self.client.set_tag(self.parent_run_id, "layerlab.best_config", json.dumps(best["config"])[:5000])
         self.client.set_terminated(self.parent_run_id, status=status)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 __all__ = ["PARENT_TAG", "SWEEP_TAG", "TRIAL_TAG", "SweepTracker", "unreachable"]

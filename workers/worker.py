@@ -199,7 +199,7 @@ class Worker:
                     from workers.callbacks import LIVE
 
                     LIVE.pop(claim.sweep_id, None)
-                    self._safe(live.tracker.close)  # its shipper's thread
+                    live.tracker.close()  # its shipper's thread
 
     def _close(self, claim: Claim, live: Any, status: str, reason: str) -> None:
         """End a sweep that did not succeed: its unfinished trial rows to error / cancelled, MLflow brought up to
@@ -226,12 +226,6 @@ class Worker:
                 self.store.fail(claim, reason, closed=closed)
         except Exception as exc:
             log.warning("sweep %s: recording its end failed: %s", claim.sweep_id, exc)
-
-    def _safe(self, fn: Any) -> None:
-        try:
-            fn()
-        except Exception as exc:
-            log.warning("while recording a failure: %s", exc)
 
     def _heartbeat(self, claim: Claim, stop_beat: threading.Event, stop: StopRequests) -> None:
         while not stop_beat.wait(self.settings.heartbeat_seconds):
@@ -363,7 +357,15 @@ class Worker:
         if summarize is not None:
             tracker.log_files(summarize(table_rows(results)), folder="summary")
         if spec.claims:
-            tracker.log_files(judge_claims(claim.sweep_id, spec, task, tracker.parent_run_id, results), "summary")
+            from service.claims import claims_files
+
+            finished = [
+                {"trial_id": str(r.metrics.get("trial_id")), "config": dict(r.config or {}), "metrics": dict(r.metrics)}
+                for r in results
+                if r.error is None and r.metrics
+            ]
+            sweep = {"id": claim.sweep_id, "parent_run_id": tracker.parent_run_id, "trials_total": len(results)}
+            tracker.log_files(claims_files(spec, task.metrics, sweep, finished), "summary")
         tracker.end_parent("FINISHED", summary)
         if self._stop is not None:
             self._stop.ending.set()
@@ -452,33 +454,6 @@ def sweep_log(settings: Settings, sweep_id: int) -> Iterator[None]:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
-
-
-def judge_claims(sweep_id: int, spec: SweepSpec, task: Any, parent_run_id: str, results: Any) -> dict[str, bytes]:
-    """summary/claims.json and claims.md: the spec's claims judged on the trials that finished without error,
-    each read at its last result (service/claims.py has the rule)."""
-    from datetime import UTC, datetime
-
-    from service.claims import claims_json, claims_markdown, judge, read_claims
-
-    trials = [
-        {"trial_id": str(r.metrics.get("trial_id")), "config": dict(r.config or {}), "metrics": dict(r.metrics)}
-        for r in results
-        if r.error is None and r.metrics
-    ]
-    sweep = {
-        "id": sweep_id,
-        "name": spec.name,
-        "task": spec.task,
-        "experiment": spec.name,
-        "parent_run_id": parent_run_id,
-        "finished_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "trials_total": len(results),
-        "trials_finished": len(trials),
-    }
-    judged = judge([c.model_dump(mode="json") for c in spec.claims], trials, task.metrics)
-    data = claims_json(sweep, judged)
-    return {"claims.json": data, "claims.md": claims_markdown(read_claims(data))}
 
 
 def table_rows(results: Any) -> list[dict[str, Any]]:
