@@ -115,11 +115,13 @@ class TrialLedger(StoreBase):
                 metrics=case((newer, new_metrics), else_=TRIALS.c.metrics),
                 updated_at=utcnow(), **node,
             )  # fmt: skip
-            added = conn.execute(dialect.insert(OUTBOX).values(**row).on_conflict_do_nothing()).rowcount == 1
+            # RETURNING, not rowcount: psycopg reports no row count for an INSERT that returns rows.
+            new_id = conn.scalar(dialect.insert(OUTBOX).values(**row).on_conflict_do_nothing().returning(OUTBOX.c.id))
+            added = new_id is not None
             if added:  # the highest step in the outbox: checkpoints up to it are usable (workers.checkpoints)
                 highest = case((TRIALS.c.logged_iteration < iteration, iteration), else_=TRIALS.c.logged_iteration)
                 conn.execute(update(TRIALS).where(*_trial_key(sweep_id, trial_id)).values(logged_iteration=highest))
-            return bool(added)
+            return added
 
     @waits_out_outages
     def trial_ended(
