@@ -11,8 +11,8 @@ warm-up trials, until every write is in MLflow (`drain`), and separately the tim
 writes, first on a SQLite store written in-process (the embedded stack), then over HTTP on a local
 `mlflow server` (the production stack's path; SQLite behind it here, so the server's work is the same SQL).
 On the 2-core development machine the server shares the cores with this process: over a network it would
-not, but each call would wait a round trip instead. The per-trial budget that service_overhead.py's 1.15x target
-leaves (~11 ms at 75 ms per trial) is printed for comparison.
+not, but each call would wait a round trip instead. The per-trial budget that service_overhead.py's 1.5x target
+on trivial trials leaves (~37 ms at 75 ms per trial) is printed for comparison.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ params: {steps: 10, report_every: 10, features: 4}
 space: {seed: {grid: [0]}}
 """
 PICTURE = base64.b64encode(os.urandom(30_000)).decode()  # the size of tversky.xor's decision-boundary PNG
-BUDGET_MS = 0.15 * 75
-"""What 1.15x leaves per trial when a plain trial takes ~75 ms (RELIABILITY.md)."""
+BUDGET_MS = 0.5 * 75
+"""What 1.5x leaves per trial when a plain trial takes ~75 ms (service_overhead.py's trivial trials)."""
 
 
 def sweep_tracker(home: Path, tracking_uri: str) -> tuple[SweepTracker, QueueStore, Claim]:
@@ -119,7 +119,7 @@ def main() -> None:
         print(f"  tracking server over HTTP (production path): {http_wall:.1f} ms per trial to deliver "
               f"= {http_wall / wall:.2f}x, of which {calls:.2f} ms in Tune's loop (the queue writes; the shipper's "
               f"thread has the rest); {http_cpu:.1f} ms CPU here")  # fmt: skip
-    print(f"per-trial budget at service_overhead.py's 1.15x target: ~{BUDGET_MS:.0f} ms for all the service's work")
+    print(f"per-trial budget at service_overhead.py's 1.5x target: ~{BUDGET_MS:.0f} ms for all the service's work")
 
 
 if __name__ == "__main__":

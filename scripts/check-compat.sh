@@ -24,6 +24,8 @@ done
 "$VENV/bin/python" -m pip install -qq --no-deps -e .
 got=$("$VENV/bin/python" -c 'import ray; print(ray.__version__)')
 [ "$got" = "$RAY_VERSION" ] || { echo "the compat venv imports ray $got, not $RAY_VERSION" >&2; exit 2; }
-[ $# -gt 0 ] || set -- tests/faults tests/e2e
+# The Ray-facing suites: faults, end to end, and the workers' tests that run real Tune storage and trials.
+[ $# -gt 0 ] || set -- tests/faults tests/e2e tests/workers/test_storage.py tests/workers/test_trainable_checkpoints.py \
+  tests/workers/test_trainable_train_resume.py
 echo "ray $got in $VENV; running: $*"
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"

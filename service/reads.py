@@ -3,7 +3,7 @@
 Through the ORM the read cost about 1.5 ms of Python per request (a session, a pool checkout with its
 pre-ping, two statements, the rollback that ends the read) plus a hop to the thread pool, and under 50
 concurrent clients the threads fought the event loop for the GIL: one uvicorn process served about 300
-requests/s (RELIABILITY.md). Here, on PostgreSQL, the row and its trial counts come from one statement
+requests/s. Here, on PostgreSQL, the row and its trial counts come from one statement
 on an autocommit psycopg connection that the event loop awaits (0.14 ms). SQLite, the embedded stack's
 store, has no async driver: there the same statement runs in the thread pool.
 

@@ -7,7 +7,8 @@ restored from a save older than the trial's newest checkpoint counts again from 
 into a folder that already holds an earlier attempt's checkpoint (tests/workers/test_trainable_checkpoints.py).
 Tune copies a checkpoint's files into the folder without emptying it, so files named apart all stay.
 
-The rule (`usable`, `newest_usable`), the same for resume, the best trial, model registration and pruning: a
+The rule (`usable`, `newest_usable`), the same for resume, the best trial and model registration (pruning, after a
+sweep succeeded, keeps the folder of the trial's last checkpoint, which then holds the newest usable one): a
 trial's checkpoint is the newest file that the reading attempt wrote itself, or whose iteration the ledger has
 committed (the trial row's `logged_iteration`, the highest step in the metric outbox). A file of an earlier
 attempt past that iteration was written before its step reached the outbox (Tune and Ray Train persist a
