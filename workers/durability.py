@@ -233,10 +233,10 @@ def close_abandoned(settings: Settings, store: QueueStore) -> None:
         reason = sweep.reason or sweep.state
         store.close_trials(sweep.id, state, reason)
         client = MlflowClient(tracking_uri=settings.tracking_uri)
-        task = SweepSpec.model_validate(sweep.spec).task
+        tags = {"layerlab.task": SweepSpec.model_validate(sweep.spec).task}
         assert sweep.mlflow_experiment_id is not None and sweep.mlflow_parent_run_id is not None  # store.unclosed
         shipper = MetricShipper(
-            store, client, sweep.id, sweep.mlflow_experiment_id, sweep.mlflow_parent_run_id, task, settings.tracking_uri
+            store, client, sweep.id, sweep.mlflow_experiment_id, sweep.mlflow_parent_run_id, tags, settings.tracking_uri
         )
         try:
             if not shipper.drain(wait_seconds=0):

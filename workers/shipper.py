@@ -67,11 +67,12 @@ class MetricShipper:
         sweep_id: int,
         experiment_id: str,
         parent_run_id: str,
-        task_name: str,
+        run_tags: dict[str, str],
         tracking_uri: str,
     ) -> None:
+        """`run_tags`: what every child run carries besides its own (the task, the code's identity)."""
         self.store, self.client, self.sweep_id = store, client, sweep_id
-        self.experiment_id, self.parent_run_id, self.task_name = experiment_id, parent_run_id, task_name
+        self.experiment_id, self.parent_run_id, self.run_tags = experiment_id, parent_run_id, run_tags
         self.tracking_uri = tracking_uri
         self.failure: BaseException | None = None
         """A write MLflow refused: the sweep fails with it (`drain` raises it)."""
@@ -205,7 +206,7 @@ class MetricShipper:
                     "mlflow.parentRunId": self.parent_run_id,
                     SWEEP_TAG: str(self.sweep_id),
                     TRIAL_TAG: trial.trial_id,
-                    "layerlab.task": self.task_name,
+                    **self.run_tags,
                 },
             )
             run_id = run.info.run_id

@@ -23,9 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from service.provenance import provenance
 from service.queue import Claim, QueueStore
 from service.settings import Settings
 from service.spec import SweepSpec
@@ -52,6 +53,7 @@ class SweepTracker:
     def __init__(self, settings: Settings, store: QueueStore, claim: Claim, spec: SweepSpec) -> None:
         self.settings, self.store, self.claim, self.spec = settings, store, claim, spec
         self.sweep_id = claim.sweep_id
+        self.provenance = {**provenance(), "attempt": claim.attempt, "worker_id": claim.worker_id}
         if settings.tracking_uri.startswith(("http://", "https://")):
             # MLflow prints a "View run" line for every run it ends on a server: 200 per 200-trial sweep.
             os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
@@ -60,8 +62,11 @@ class SweepTracker:
             self.client = MlflowClient(tracking_uri=settings.tracking_uri)
             self.experiment_id = self._waiting("find the experiment", self._experiment)
         self.parent_run_id = self._waiting("start the parent run", self._parent_run)
+        # Every child run names its task and the code that trained it.
+        code = {k: v for k, v in self.provenance.items() if k.startswith("layerlab.")}
+        run_tags = {"layerlab.task": spec.task, **code}
         self.shipper = MetricShipper(
-            store, self.client, self.sweep_id, self.experiment_id, self.parent_run_id, spec.task, settings.tracking_uri
+            store, self.client, self.sweep_id, self.experiment_id, self.parent_run_id, run_tags, settings.tracking_uri
         )
 
     def close(self) -> None:
@@ -130,8 +135,22 @@ class SweepTracker:
                 self.client.log_artifact(run_id, str(Path(d) / "spec.yaml"))
         else:
             self.client.update_run(run_id, status="RUNNING")
+        self._record_provenance(run_id)
         self.store.set_fields(self.claim, mlflow_experiment_id=self.experiment_id, mlflow_parent_run_id=run_id)
         return run_id
+
+    def _record_provenance(self, run_id: str) -> None:
+        """This attempt's code, versions and cluster: as tags (the latest attempt's; an attempt may run on
+        another worker with other code) and as `provenance/attempt-N.json` (every attempt's)."""
+        p = self.provenance
+        tags = {k: str(v) for k, v in p.items() if k.startswith("layerlab.")}
+        tags.update({f"layerlab.{name}_version": v for name, v in p["versions"].items()})
+        tags["layerlab.cluster_resources"] = json.dumps(p["cluster_resources"], sort_keys=True)
+        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / f"attempt-{self.claim.attempt}.json"
+            path.write_text(json.dumps(p, indent=2, sort_keys=True))
+            self.client.log_artifact(run_id, str(path), "provenance")
 
     def _sweep_params(self) -> dict[str, Any]:
         s = self.spec

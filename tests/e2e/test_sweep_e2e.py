@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 from jobs.registry import get_task
 from service.claims import judge, read_claims
+from service.provenance import code_tags
 from service.queue import QueueStore
 from service.settings import Settings
 from service.spec import parse_spec
@@ -120,7 +122,26 @@ def test_six_trial_sweep_registers_a_loadable_model(workers: Stack, tmp_path: Pa
         # the task's session.log_artifact reached the trial's run through the result stream
         assert [a.path for a in client.list_artifacts(child.info.run_id)] == ["decision_boundary.png"]
     artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
-    assert {"spec.yaml", "trials.csv", "plots"} <= artifacts, artifacts
+    assert {"spec.yaml", "trials.csv", "plots", "provenance"} <= artifacts, artifacts
+
+    # --- provenance: the parent names the code, versions and cluster of its attempt; every child the code
+    code = code_tags()
+    assert code.get("layerlab.git_commit"), "the suite runs from a git checkout: the commit must be known"
+    tags = parents[0].data.tags
+    assert {k: tags[k] for k in ("layerlab.version", "layerlab.git_commit")} == {
+        k: code[k] for k in ("layerlab.version", "layerlab.git_commit")
+    }
+    assert tags["layerlab.git_modified"] in ("true", "false")
+    packages = ("torch", "ray", "mlflow", "numpy")
+    assert {p: tags[f"layerlab.{p}_version"] for p in packages} == {p: metadata.version(p) for p in packages}
+    assert json.loads(tags["layerlab.cluster_resources"])["CPU"] >= 1
+    attempt = json.loads(
+        Path(client.download_artifacts(parents[0].info.run_id, "provenance/attempt-1.json", tmp_path)).read_text()
+    )
+    assert attempt["layerlab.git_commit"] == code["layerlab.git_commit"] and attempt["attempt"] == 1
+    for child in children:
+        assert child.data.tags["layerlab.git_commit"] == code["layerlab.git_commit"], child.data.tags
+        assert child.data.tags["layerlab.version"] == code["layerlab.version"]
     plots = {a.path for a in client.list_artifacts(parents[0].info.run_id, "plots")}
     assert "plots/accuracy_curves.png" in plots
 

@@ -95,6 +95,12 @@ def test_five_kills_in_a_row_and_the_sweep_still_finishes(workers: Stack, ray: R
     for trial_id, before in finished_starts.items():
         assert starts[trial_id] == before, f"finished trial {trial_id} was started again after a kill"
     assert_tracked_once(stack.mlflow(), "kill-5x", {t.trial_id: ITERATIONS for t in trials}, "loss")
+    # Each attempt that got as far as its parent run recorded its code and versions (a kill during a restore
+    # can come before that): the first attempt, which reported, and the survivor at least.
+    parent = stack.mlflow().get_run(str(store.get(sweep_id).mlflow_parent_run_id))
+    recorded = {a.path for a in stack.mlflow().list_artifacts(parent.info.run_id, "provenance")}
+    attempts = {f"provenance/attempt-{n}.json" for n in range(1, KILLS + 2)}
+    assert {"provenance/attempt-1.json", f"provenance/attempt-{KILLS + 1}.json"} <= recorded <= attempts, recorded
     # A recovery that went right is no error: no worker logged one (Tune's and Ray's lines included).
     errors = [line for log in stack.home.glob("worker-*.log") for line in log.read_text().splitlines()]
     errors = [line for line in errors if " ERROR " in line or "\tERROR " in line]

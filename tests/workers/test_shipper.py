@@ -112,12 +112,12 @@ def test_a_row_sent_again_after_a_kill_between_send_and_mark_is_in_mlflow_once(t
     for step in (1, 2, 3):
         store.trial_result(sweep, "t0", step, {"loss": 1.0 / step})
     killed = KilledBeforeTheMark(tracker.settings.queue_url)
-    first = MetricShipper(killed, tracker.client, sweep, tracker.experiment_id, tracker.parent_run_id, "x", "")
+    first = MetricShipper(killed, tracker.client, sweep, tracker.experiment_id, tracker.parent_run_id, {}, "")
     with pytest.raises(KeyboardInterrupt):
         first.ship_once()
     assert len(store.unshipped(sweep, 10)) == 3 and history(tracker, store, "t0") == [(1, 1.0), (2, 0.5), (3, 1 / 3)]
     # The next attempt's shipper sends the three rows again: the identical metrics, kept once.
-    again = MetricShipper(store, tracker.client, sweep, tracker.experiment_id, tracker.parent_run_id, "x", "")
+    again = MetricShipper(store, tracker.client, sweep, tracker.experiment_id, tracker.parent_run_id, {}, "")
     assert again.drain(wait_seconds=0)
     assert history(tracker, store, "t0") == [(1, 1.0), (2, 0.5), (3, 1 / 3)]
 
@@ -132,7 +132,7 @@ def test_a_run_created_before_a_kill_is_found_by_its_tag_not_made_twice(tmp_path
             raise KeyboardInterrupt("killed")
 
     killed = KilledBeforeStoringTheRun(tracker.settings.queue_url)
-    first = MetricShipper(killed, tracker.client, sweep, tracker.experiment_id, tracker.parent_run_id, "x", "")
+    first = MetricShipper(killed, tracker.client, sweep, tracker.experiment_id, tracker.parent_run_id, {}, "")
     with pytest.raises(KeyboardInterrupt):
         first.ship_once()
     assert store.trial(sweep, "t0").mlflow_run_id is None
