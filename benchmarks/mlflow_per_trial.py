@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.cli import _mlflow_server_cmd  # noqa: E402
+from service.embedded_stack import mlflow_server_cmd  # noqa: E402
 from service.models import TrialState  # noqa: E402
 from service.queue import Claim, QueueStore  # noqa: E402
 from service.settings import Settings  # noqa: E402
@@ -99,7 +99,7 @@ def main() -> None:
         port = 5000 + os.getpid() % 4000
         # The server as `layerlab up` starts it.
         (home / "server").mkdir()
-        command = _mlflow_server_cmd(Settings(home=home / "server", mlflow_tracking_uri=None), port)
+        command = mlflow_server_cmd(Settings(home=home / "server", mlflow_tracking_uri=None), port)
         env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
         server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:

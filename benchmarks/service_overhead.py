@@ -172,11 +172,11 @@ def run_service(trials: int, mlflow_server: bool = False, cpu: bool = False, spy
         if mlflow_server:  # the production stack's path: the worker logs over HTTP, as `layerlab up` serves the UI
             mlflow_port = _free_port()
             env["LAYERLAB_MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{mlflow_port}"
-            from service.cli import _mlflow_server_cmd
+            from service.embedded_stack import mlflow_server_cmd
             from service.settings import Settings
 
             # The server as `layerlab up` starts it.
-            cmd = _mlflow_server_cmd(Settings(home=home, mlflow_tracking_uri=None), mlflow_port)
+            cmd = mlflow_server_cmd(Settings(home=home, mlflow_tracking_uri=None), mlflow_port)
             log = open(home / "mlflow.log", "wb")  # noqa: SIM115 - closed with the process
             server_env = {**env, "MLFLOW_DISABLE_TELEMETRY": "true"}
             procs.append(subprocess.Popen(cmd, env=server_env, stdout=log, stderr=log, start_new_session=True))

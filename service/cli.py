@@ -21,7 +21,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from service import cli_views as views
-from service import local_ray
 from service.cli_claims import claims_app
 from service.errors import SpecError
 from service.settings import Settings, get_settings
@@ -47,6 +46,7 @@ ENV_VARS = (
     "AWS_SECRET_ACCESS_KEY",
     "AWS_DEFAULT_REGION",
 )
+log = logging.getLogger(__name__)
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -487,155 +487,105 @@ def _local_token(settings: Settings) -> None:
     settings.token_file.write_text(token + "\n")
 
 
-def _mlflow_server_cmd(settings: Settings, port: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--backend-store-uri",
-        settings.tracking_uri,
-        "--default-artifact-root",
-        settings.artifact_root.as_uri(),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-
-
-def _wait_http(url: str, timeout: float, procs: dict[str, subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for name, p in procs.items():
-            if p.poll() is not None:
-                raise _fail(f"{name} exited with code {p.returncode}; see {get_settings().home_abs / 'logs'}")
-        try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise _fail(f"{url} did not answer within {timeout:.0f}s")
-
-
 @app.command()
 def up(
     detach: Annotated[bool, typer.Option("--detach", help="Start in the background and return.")] = False,
     api_port: Annotated[int, typer.Option()] = 8000,
     mlflow_port: Annotated[int, typer.Option()] = 5000,
+    keeper: Annotated[bool, typer.Option("--keeper", hidden=True, help="Be the background keeper.")] = False,
 ) -> None:
-    """Start the embedded stack: MLflow UI, the API, a Ray head and a supervised worker (logs in .layerlab/logs)."""
+    """Start the embedded stack: MLflow UI, the API, a Ray head and a supervised worker (logs in .layerlab/logs).
+    A part that stops is started again; on a stack with stopped parts, `up` starts only those."""
+    from service.embedded_stack import Keeper, StackState, state_file
+
     settings = get_settings()
     home = settings.home_abs
-    logs = home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    (home / "logs").mkdir(parents=True, exist_ok=True)
     settings.artifact_root.mkdir(parents=True, exist_ok=True)
-    pid_file = home / "up.json"
-    if pid_file.exists() and _alive(json.loads(pid_file.read_text())):
-        raise _fail(f"the stack is already running (pids in {pid_file}); stop it with `layerlab down`")
-    _local_token(settings)
-    env = {
-        **os.environ,
-        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        "LAYERLAB_HOME": str(home),
-        "LAYERLAB_MLFLOW_UI_URL": f"http://127.0.0.1:{mlflow_port}",
-    }
-    me = [sys.executable, "-m", "service.cli"]
-    commands = {
-        "mlflow": _mlflow_server_cmd(settings, mlflow_port),
-        "api": [*me, "serve", "--port", str(api_port)],
-    }
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    for name, cmd in commands.items():
-        log_file = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        procs[name] = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    pids = {n: p.pid for n, p in procs.items()}
-    pid_file.write_text(json.dumps(pids))
-    if not settings.ray_address:  # the stack's own Ray, which outlives a crashed worker (service/local_ray.py)
-        ray_log, ray_port = logs / "ray.log", local_ray.free_port()
-        head = local_ray.start_head(ray_port, settings.ray_num_cpus, _ray_env(env), open(ray_log, "ab"))  # noqa: SIM115
-        pids["ray"] = head.pid
-        pid_file.write_text(json.dumps(pids))
-        try:
-            local_ray.wait_started(head, 120, ray_log)
-        except RuntimeError as exc:
-            down()
-            raise _fail(str(exc)) from None
-        env["RAY_ADDRESS"] = f"127.0.0.1:{ray_port}"
-    worker_log = open(logs / "worker.log", "ab")  # noqa: SIM115 - owned by the child
-    procs["worker"] = subprocess.Popen(
-        [*me, "worker", "--supervise"], env=env, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    pids["worker"] = procs["worker"].pid
-    pid_file.write_text(json.dumps(pids))
-    _wait_http(f"http://127.0.0.1:{api_port}/healthz", 120, procs)
-    _wait_http(f"http://127.0.0.1:{mlflow_port}/health", 120, procs)
-    out.print(
-        f"layerlab is up: API http://127.0.0.1:{api_port} (docs at /docs), "
-        f"MLflow UI http://127.0.0.1:{mlflow_port}, logs in {logs}"
-    )
-    if detach:
+    state = StackState.read(state_file(settings))
+    if state is not None and state.alive()["keeper"] and not keeper:
+        out.print(views.stack_table(state, time.time()))
+        out.print(f"the stack is up; its keeper (pid {state.keeper}) starts any part that stops (`layerlab down`)")
         return
-    out.print("Ctrl-C stops everything.")
+    _local_token(settings)
+    if detach and not keeper:
+        _up_in_background(settings, api_port, mlflow_port)
+        return
+    _setup_logging()
+    kept = Keeper(settings, api_port, mlflow_port)
+    signal.signal(signal.SIGTERM, kept.stop)
+    signal.signal(signal.SIGINT, kept.stop)
     try:
-        while all(p.poll() is None for p in procs.values()):
-            time.sleep(1)
-    except KeyboardInterrupt:
-        pass
-    down()
+        started = kept.start_missing()
+        kept.wait_ready()
+    except (OSError, RuntimeError) as exc:
+        from service.embedded_stack import stop_stack
+
+        stop_stack(settings)
+        if keeper:  # the parent, waiting on up.json, reports it from the keeper's log
+            log.error("%s", exc)
+            raise typer.Exit(1) from None
+        raise _fail(str(exc)) from None
+    log.info("started %s; keeping %s", ", ".join(started) or "nothing (all running)", ", ".join(kept.parts()))
+    if not keeper:
+        _print_up(settings, kept.state)
+        out.print("Ctrl-C stops everything.")
+    kept.keep()
+    if not keeper:  # Ctrl-C in the foreground: the stack goes with it
+        down()
 
 
-def _ray_env(env: dict[str, str]) -> dict[str, str]:
-    """The worker's environment for the head: Ray's trial processes inherit the head's, not the driver's."""
-    from workers.worker import RAY_ENV_DEFAULTS, WORKER_ENV_DEFAULTS
+def _print_up(settings: Settings, state: Any) -> None:
+    ports = state.ports
+    out.print(
+        f"layerlab is up: API http://127.0.0.1:{ports['api']} (docs at /docs), "
+        f"MLflow UI http://127.0.0.1:{ports['mlflow']}, logs in {settings.home_abs / 'logs'}"
+    )
 
-    return {**RAY_ENV_DEFAULTS, **WORKER_ENV_DEFAULTS, **env}
 
+def _up_in_background(settings: Settings, api_port: int, mlflow_port: int) -> None:
+    """Start the keeper in a session of its own and wait until it says the stack is ready."""
+    from service.embedded_stack import READY_TIMEOUT_S, StackState, state_file
 
-def _alive(pids: dict[str, int]) -> bool:
-    """Whether any of the stack's process groups (each process was started in a session of its own) runs."""
-    return any(local_ray.running(pgid) for pgid in pids.values())
+    logs = settings.home_abs / "logs"
+    command = [sys.executable, "-m", "service.cli", "up", "--keeper", "--api-port", str(api_port)]
+    command += ["--mlflow-port", str(mlflow_port)]
+    log_file = open(logs / "keeper.log", "ab")  # noqa: SIM115 - owned by the child
+    proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + READY_TIMEOUT_S + 60
+    while time.monotonic() < deadline:
+        state = StackState.read(state_file(settings))
+        if state is not None and state.keeper == proc.pid and state.ready:
+            _print_up(settings, state)
+            return
+        if proc.poll() is not None:
+            tail = (logs / "keeper.log").read_text(errors="replace").strip().splitlines()[-3:]
+            raise _fail(f"the stack did not start: {' / '.join(tail)} (all of it in {logs / 'keeper.log'})")
+        time.sleep(0.3)
+    raise _fail(f"the stack was not ready within {READY_TIMEOUT_S + 60:.0f}s; see {logs}")
 
 
 @app.command()
 def down() -> None:
-    """Stop the stack started by `layerlab up`."""
-    pid_file = get_settings().home_abs / "up.json"
-    if not pid_file.exists():
-        out.print("nothing to stop")
-        return
-    pids = json.loads(pid_file.read_text())
-    ray_head = pids.pop("ray", None)
-    worker_pid = get_settings().home_abs / "worker.pid"  # the supervised worker, in a process group of its own
-    if worker_pid.exists() and worker_pid.read_text().strip().isdigit():
-        pids["worker-child"] = int(worker_pid.read_text())
-    for name, pid in pids.items():
-        if name == "worker-child":
-            continue  # the supervisor ("worker") passes SIGTERM on to it
-        try:
-            if name == "worker":
-                os.kill(pid, signal.SIGTERM)  # it gives its sweep back, through Ray, which stops after it
-            else:
-                os.killpg(pid, signal.SIGTERM)
-        except OSError:
-            pass
-    deadline = time.monotonic() + 30
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for pid in pids.values():
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    if ray_head is not None:
-        local_ray.stop(ray_head)
-    pid_file.unlink(missing_ok=True)
-    worker_pid.unlink(missing_ok=True)
-    out.print("stopped")
+    """Stop the stack started by `layerlab up` (its keeper first, so that nothing starts again)."""
+    from service.embedded_stack import stop_stack
+
+    out.print("stopped" if stop_stack(get_settings()) else "nothing to stop")
+
+
+@app.command()
+def status() -> None:
+    """Each part of the embedded stack: alive or not, pid, port, since when, restarts. Exit code 1 when a
+    part is not running."""
+    from service.embedded_stack import StackState, state_file
+
+    state = StackState.read(state_file(get_settings()))
+    if state is None:
+        raise _fail("the embedded stack is not running (no up.json); start it with `layerlab up --detach`")
+    out.print(views.stack_table(state, time.time()))
+    dead = [name for name, alive in state.alive().items() if not alive]
+    if dead:
+        raise _fail(f"not running: {', '.join(dead)}; `layerlab up --detach` starts what is missing")
 
 
 if __name__ == "__main__":

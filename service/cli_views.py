@@ -265,3 +265,26 @@ def follow(
             write(f.read())
             return
         sleep(poll)
+
+
+def _age(seconds: float) -> str:
+    seconds = max(int(seconds), 0)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def stack_table(state: Any, now: float) -> Table:
+    """`layerlab status`: the keeper and each part of the embedded stack (service.embedded_stack.StackState)."""
+    alive = state.alive()
+    table = Table("part", "state", "pid", "port", "since", "restarts")
+    table.add_row("keeper", "alive" if alive["keeper"] else "stopped", fmt(state.keeper), "-", "-", "-")
+    for name, part in state.parts.items():
+        since = datetime.fromtimestamp(part.since).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+        table.add_row(
+            name, "alive" if alive[name] else "stopped", str(part.pid), fmt(part.port),
+            f"{since} ({_age(now - part.since)} ago)", str(part.restarts),
+        )  # fmt: skip
+    return table

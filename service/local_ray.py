@@ -65,11 +65,32 @@ def wait_started(head: subprocess.Popen[bytes], timeout: float, log_path: Path) 
 
 
 def running(pgid: int) -> bool:
+    """Whether the process group has a live member. A zombie is not one: where PID 1 does not reap orphans
+    (a container without an init), a killed part stays a zombie, which a signal 0 still reaches."""
     try:
         os.killpg(pgid, 0)
     except OSError:
         return False
-    return True
+    proc = Path("/proc")
+    if not proc.is_dir():  # no /proc (macOS): the signal's answer is all there is
+        return True
+    if _state(proc / str(pgid)) not in (None, "Z"):  # the leader itself (most groups): one read
+        return True
+    for entry in proc.iterdir():
+        if entry.name.isdigit() and _state(entry, pgid) not in (None, "Z"):
+            return True
+    return False
+
+
+def _state(entry: Path, pgid: int | None = None) -> str | None:
+    """The process's state letter from /proc/PID/stat (None if it is gone, or not in group `pgid`)."""
+    try:
+        fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if pgid is not None and int(fields[2]) != pgid:
+        return None
+    return fields[0]
 
 
 def stop(pgid: int) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.cli import _mlflow_server_cmd
+from service.embedded_stack import mlflow_server_cmd
 from service.settings import Settings
 from tests.e2e.conftest import Stack, free_port, wait_until
 
@@ -75,7 +75,7 @@ def _screenshot(page: Any, name: str) -> Path:
 
 @contextmanager
 def mlflow_ui(stack: Stack) -> Iterator[str]:
-    """The MLflow server exactly as `layerlab up` starts it (service.cli._mlflow_server_cmd), on this stack's
+    """The MLflow server exactly as `layerlab up` starts it (service.embedded_stack.mlflow_server_cmd), on this stack's
     tracking store; yields its base URL and stops it (its own process group) at the end."""
     settings = Settings(home=stack.home, mlflow_tracking_uri=stack.tracking_uri)
     port = free_port()
@@ -83,7 +83,7 @@ def mlflow_ui(stack: Stack) -> Iterator[str]:
     env = {**stack.env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     with open(log_path, "ab") as log:
         server = subprocess.Popen(
-            _mlflow_server_cmd(settings, port), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            mlflow_server_cmd(settings, port), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     url = f"http://127.0.0.1:{port}"
 

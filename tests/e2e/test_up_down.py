@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
 from service.queue import QueueStore
 from service.settings import Settings
 from tests.e2e.conftest import LAYERLAB, free_port, wait_until
@@ -52,20 +54,31 @@ def _group(pgid: int) -> list[int]:
     return members
 
 
-def test_down_after_a_sweep_stops_every_process_within_seconds(tmp_path: Path) -> None:
+def _stack_env(home: Path) -> tuple[dict[str, str], list[str]]:
+    """The environment and `up` options of an embedded stack of its own under `home`, on free ports."""
     api_port, mlflow_port = free_port(), free_port()
     env = {
         **os.environ,
-        "LAYERLAB_HOME": str(tmp_path),
+        "LAYERLAB_HOME": str(home),
         "LAYERLAB_API_URL": f"http://127.0.0.1:{api_port}",
         "LAYERLAB_RAY_NUM_CPUS": "2",
         "RAY_TMPDIR": tempfile.mkdtemp(prefix="rt", dir="/tmp"),  # Ray's socket paths must stay short
     }
     for key in ("RAY_ADDRESS", "LAYERLAB_DATABASE_URL", "LAYERLAB_MLFLOW_TRACKING_URI", "LAYERLAB_TUNE_STORAGE"):
         env.pop(key, None)
-    ports = ["--api-port", str(api_port), "--mlflow-port", str(mlflow_port)]
-    subprocess.run([LAYERLAB, "up", "--detach", *ports], env=env, check=True, timeout=240, capture_output=True)
-    pids: dict[str, int] = json.loads((tmp_path / "up.json").read_text())
+    return env, ["--api-port", str(api_port), "--mlflow-port", str(mlflow_port)]
+
+
+def _stack_pids(home: Path) -> dict[str, int]:
+    """The keeper's and each part's process group, from up.json."""
+    state = json.loads((home / "up.json").read_text())
+    return {"keeper": state["keeper"], **{name: part["pid"] for name, part in state["parts"].items()}}
+
+
+def test_down_after_a_sweep_stops_every_process_within_seconds(tmp_path: Path) -> None:
+    env, ports = _stack_env(tmp_path)
+    subprocess.run([LAYERLAB, "up", "--detach", *ports], env=env, check=True, timeout=300, capture_output=True)
+    pids = _stack_pids(tmp_path)
     try:
         spec = tmp_path / "spec.yaml"
         spec.write_text(SPEC)
@@ -133,3 +146,63 @@ def _submit(spec: Path, env: dict[str, str]) -> int:
     done = subprocess.run([LAYERLAB, "submit", str(spec)], env=env, timeout=120, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     return int(done.stdout.split()[2])  # "submitted sweep ID (...)"
+
+
+def test_a_stopped_part_starts_again_and_up_starts_only_what_is_missing(tmp_path: Path) -> None:
+    env, ports = _stack_env(tmp_path)
+    api_url = env["LAYERLAB_API_URL"]
+    subprocess.run([LAYERLAB, "up", "--detach", *ports], env=env, check=True, timeout=300, capture_output=True)
+    pids = _stack_pids(tmp_path)
+    try:
+        # Submitted the moment `up` returns: the stack's worker has polled already, so no "no live worker" warning.
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(SPEC)
+        done = subprocess.run([LAYERLAB, "submit", str(spec)], env=env, timeout=120, capture_output=True, text=True)
+        assert done.returncode == 0 and "warning" not in done.stdout + done.stderr, done.stdout + done.stderr
+        sweep_id = int(done.stdout.split()[2])
+
+        status = subprocess.run([LAYERLAB, "status"], env=env, timeout=60, capture_output=True, text=True)
+        assert status.returncode == 0, status.stdout + status.stderr
+        for name, pid in pids.items():
+            rows = [line for line in status.stdout.splitlines() if f" {name} " in line and f" {pid} " in line]
+            assert len(rows) == 1 and " alive " in rows[0], (name, pid, status.stdout)
+
+        # kill -9 of the API: the keeper starts it again, on the same port.
+        os.killpg(pids["api"], signal.SIGKILL)
+        wait_until(lambda: _stack_pids(tmp_path)["api"] != pids["api"], 30, "the keeper to start the API again")
+        wait_until(lambda: _answers(f"{api_url}/healthz"), 90, "the API to answer again")
+        assert json.loads((tmp_path / "up.json").read_text())["parts"]["api"]["restarts"] == 1
+
+        # The keeper and the MLflow UI killed: `status` says so; `up` starts those two and leaves the rest.
+        before = _stack_pids(tmp_path)
+        os.killpg(before["keeper"], signal.SIGKILL)
+        os.killpg(before["mlflow"], signal.SIGKILL)
+        wait_until(lambda: not _group(before["mlflow"]) and not _group(before["keeper"]), 10, "them to die")
+        status = subprocess.run([LAYERLAB, "status"], env=env, timeout=60, capture_output=True, text=True)
+        assert status.returncode == 1, status.stdout + status.stderr
+        assert "not running: keeper, mlflow" in status.stdout + status.stderr, status.stdout + status.stderr
+        subprocess.run([LAYERLAB, "up", "--detach", *ports], env=env, check=True, timeout=300, capture_output=True)
+        after = _stack_pids(tmp_path)
+        assert {k: after[k] for k in ("api", "ray", "worker")} == {k: before[k] for k in ("api", "ray", "worker")}
+        assert after["mlflow"] != before["mlflow"] and _group(after["mlflow"]) and _group(after["keeper"])
+        pids.update({f"{name}-before": pid for name, pid in before.items()}, **after)
+
+        # The worker never stopped: the sweep submitted at the start finishes.
+        done = subprocess.run([LAYERLAB, "watch", str(sweep_id)], env=env, timeout=300, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        subprocess.run([LAYERLAB, "down"], env=env, check=True, timeout=120, capture_output=True)
+        left = {name: _group(pgid) for name, pgid in pids.items() if _group(pgid)}
+        assert not left, f"processes left after `layerlab down`: {left}"
+    finally:
+        for pgid in pids.values():
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

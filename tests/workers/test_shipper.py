@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from mlflow.exceptions import MlflowException
 
-from service.cli import _mlflow_server_cmd
+from service.embedded_stack import mlflow_server_cmd
 from service.models import TrialState
 from service.queue import QueueStore
 from service.settings import Settings
@@ -29,7 +29,7 @@ from workers.tracking import SweepTracker
 
 def start_server(home: Path, port: int) -> subprocess.Popen[bytes]:
     """An MLflow server exactly as `layerlab up` starts it, once it answers."""
-    command = _mlflow_server_cmd(Settings(home=home, mlflow_tracking_uri=None), port)
+    command = mlflow_server_cmd(Settings(home=home, mlflow_tracking_uri=None), port)
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
