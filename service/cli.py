@@ -292,6 +292,22 @@ def cancel(sweep_id: int) -> None:
 
 
 @app.command()
+def rerun(
+    sweep_id: int,
+    wait: Annotated[bool, typer.Option("--wait", help="Show progress until the new sweep ends.")] = False,
+) -> None:
+    """Submit a new sweep with the same spec as sweep ID, owned by you; `show` and `compare` name the code
+    each ran."""
+    body = _api("POST", f"/sweeps/{sweep_id}/rerun")
+    out.print(f"submitted sweep [bold]{body['id']}[/bold] ({body['name']}, rerun of sweep {sweep_id})")
+    warning = views.submit_warning(body)
+    if warning:
+        err.print(warning, markup=False, highlight=False)
+    if wait:
+        watch(body["id"])
+
+
+@app.command()
 def resume(sweep_id: int) -> None:
     """Put a failed or cancelled sweep back in the queue: it continues where it stopped (finished trials kept)."""
     s = _api("POST", f"/sweeps/{sweep_id}/resume")

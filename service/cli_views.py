@@ -116,12 +116,40 @@ def summary(sweep: Body, trials: Body) -> Text:
         ("best config", params(sweep["best_config"], trials["space"])),
         ("MLflow", sweep["mlflow"]["parent_run_url"] or sweep["mlflow"]["experiment_url"] or "-"),
         ("model", f"{model['uri']} (version {model['version']})" if model["uri"] else "-"),
+        ("code", code_line(sweep)),
+        *([("rerun of", f"sweep {sweep['rerun_of']}")] if sweep.get("rerun_of") else []),
     ]
     text = Text()
     for i, (field, value) in enumerate(rows):
         text.append(("\n" if i else "") + f"{field:<13}", style="bold")
         text.append(value)
     return text
+
+
+def code_line(sweep: Body) -> str:
+    """The code the sweep's latest attempt ran: "layerlab 0.1.0, commit 3195a6a6 (modified)"."""
+    code = sweep.get("code")
+    if not code:
+        return "- (no worker has started it)"
+    line = f"layerlab {code.get('layerlab.version', '?')}"
+    if code.get("layerlab.git_commit"):
+        modified = " (modified)" if code.get("layerlab.git_modified") == "true" else ""
+        line += f", commit {code['layerlab.git_commit'][:12]}{modified}"
+    return line
+
+
+def different_code(sweeps: list[Body]) -> str | None:
+    """`layerlab compare`'s note when the sweeps ran different code (or code that cannot be told apart: a
+    modified checkout), None when every one ran the same known code."""
+    started = [s for s in sweeps if s.get("code")]
+    lines = {code_line(s) for s in started}
+    modified = [s["id"] for s in started if s["code"].get("layerlab.git_modified") == "true"]
+    if len(lines) > 1:
+        return "note: these sweeps ran different code (see the `code` row): their numbers may differ for that reason"
+    if modified:
+        ids = ", ".join(map(str, modified))
+        return f"note: sweep(s) {ids} ran from a modified checkout: the same commit need not mean the same code"
+    return None
 
 
 def submit_warning(sweep: Body) -> str | None:
@@ -176,11 +204,13 @@ def compare_view(pairs: list[tuple[Body, Body]]) -> Table:
         ("best", [fmt(s["best_metric"]) for s, _ in pairs]),
         ("best config", [params(s["best_config"], t["space"]) for s, t in pairs]),
         ("trials", [f"{s['trials']['finished']}/{s['trials']['total']} finished" + _errored(s) for s, _ in pairs]),
+        ("code", [code_line(s) for s, _ in pairs]),
     ]
     for i in range(TOP):
         rows.append((f"top {i + 1}", [_top(t, i) for _, t in pairs]))
     for field, values in rows:
         table.add_row(field, *map(Text, values))
+    table.caption = different_code([s for s, _ in pairs])
     return table
 
 

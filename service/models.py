@@ -101,6 +101,11 @@ class Sweep(Base):
     CPUs and `need_gpus` GPUs. A worker claims the sweep only if its cluster's nodes can hold them."""
     need_gpus: Mapped[float] = mapped_column(Float, default=0.0)
     need_workers: Mapped[int] = mapped_column(Integer, default=1)
+    code: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)
+    """The code the sweep's latest attempt ran (service.provenance.code_tags: layerlab version, git commit and
+    whether it was modified), written by its worker at the start of each attempt."""
+    rerun_of: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """The sweep this one repeats (`layerlab rerun`): same spec, a new owner and attempts."""
 
 
 class Trial(Base):

@@ -54,7 +54,12 @@ class QueueStore(TrialLedger, WorkerRows):
     # --- submit / read / cancel (API side) ---------------------------------------------------
 
     def submit(
-        self, spec: SweepSpec, spec_yaml: str | None = None, max_attempts: int | None = None, owner: str | None = None
+        self,
+        spec: SweepSpec,
+        spec_yaml: str | None = None,
+        max_attempts: int | None = None,
+        owner: str | None = None,
+        rerun_of: int | None = None,
     ) -> Sweep:
         """`max_attempts`: the service's default, used when the spec names none."""
         assert spec.metric.mode is not None, "parse_spec fills the metric mode"
@@ -73,11 +78,13 @@ class QueueStore(TrialLedger, WorkerRows):
                 metric_mode=spec.metric.mode,
                 submitted_at=utcnow(),
                 owner=owner,
+                rerun_of=rerun_of,
                 **Need.of(spec).columns,
             )
             s.add(sweep)
             s.flush()
-            s.add(Event(sweep_id=sweep.id, action="submit", detail=f"priority {spec.priority}"))
+            again = f"; rerun of sweep {rerun_of}" if rerun_of is not None else ""
+            s.add(Event(sweep_id=sweep.id, action="submit", detail=f"priority {spec.priority}{again}"))
         log.info("submit sweep %s (%s)", sweep.id, spec.name, extra={"action": "submit", "job_id": sweep.id})
         return sweep
 

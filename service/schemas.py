@@ -63,6 +63,11 @@ class SweepPublic(BaseModel):
     model: RegisteredModel
     waiting: Waiting | None = None
     """A queued sweep: what it waits for (a worker whose cluster can hold its trials, or its turn)."""
+    code: dict[str, str] | None = None
+    """The code its latest attempt ran: `layerlab.version`, and from a git checkout `layerlab.git_commit`
+    and `layerlab.git_modified`; null until a worker starts it."""
+    rerun_of: int | None = None
+    """The sweep this one repeats (POST /sweeps/{id}/rerun)."""
 
     @classmethod
     def build(
@@ -114,6 +119,8 @@ class SweepPublic(BaseModel):
             ),
             model=RegisteredModel(name=sweep.model_name, version=sweep.model_version, alias=sweep.model_alias, uri=uri),
             waiting=waiting,
+            code=sweep.code,
+            rerun_of=sweep.rerun_of,
         )
 
 

@@ -54,6 +54,8 @@ class SweepTracker:
         self.settings, self.store, self.claim, self.spec = settings, store, claim, spec
         self.sweep_id = claim.sweep_id
         self.provenance = {**provenance(), "attempt": claim.attempt, "worker_id": claim.worker_id}
+        # The code that runs this attempt: on the sweep's row (`layerlab show`) and on every child run.
+        code = {k: v for k, v in self.provenance.items() if k.startswith("layerlab.")}
         if settings.tracking_uri.startswith(("http://", "https://")):
             # MLflow prints a "View run" line for every run it ends on a server: 200 per 200-trial sweep.
             os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
@@ -62,8 +64,7 @@ class SweepTracker:
             self.client = MlflowClient(tracking_uri=settings.tracking_uri)
             self.experiment_id = self._waiting("find the experiment", self._experiment)
         self.parent_run_id = self._waiting("start the parent run", self._parent_run)
-        # Every child run names its task and the code that trained it.
-        code = {k: v for k, v in self.provenance.items() if k.startswith("layerlab.")}
+        store.set_fields(claim, code=code)
         run_tags = {"layerlab.task": spec.task, **code}
         self.shipper = MetricShipper(
             store, self.client, self.sweep_id, self.experiment_id, self.parent_run_id, run_tags, settings.tracking_uri

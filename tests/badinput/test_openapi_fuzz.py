@@ -37,6 +37,7 @@ OPERATIONS = {
     "GET /sweeps/{sweep_id}",
     "POST /sweeps/{sweep_id}/cancel",
     "POST /sweeps/{sweep_id}/resume",
+    "POST /sweeps/{sweep_id}/rerun",
     "GET /sweeps/{sweep_id}/trials",
 }
 CHECKS = [
@@ -120,9 +121,12 @@ def test_no_5xx_and_no_schema_violations_with_a_token(api: Api) -> None:
     assert ran >= len(OPERATIONS) * 2
     assert {200, 403, 409} <= statuses["POST /sweeps/{sweep_id}/cancel"], statuses
     assert {200, 404, 422} <= statuses["GET /sweeps/{sweep_id}"], statuses
+    assert {201, 404} <= statuses["POST /sweeps/{sweep_id}/rerun"], statuses
     assert all(code < 500 for codes in statuses.values() for code in codes), statuses
-    # The fuzzer cancels queued sweeps (the fixed ids) but never creates one: no generated body is a valid spec.
-    assert api.sweep_count() == 3
+    # The fuzzer cancels queued sweeps (the fixed ids) and reruns them, but never creates one otherwise: no
+    # generated body is a valid spec.
+    reruns = sum(1 for s in api.store.list_sweeps(None, limit=1000, offset=0) if s.rerun_of is not None)
+    assert api.sweep_count() == 3 + reruns
     print(f"{ran} requests in {time.monotonic() - started:.1f}s")
 
 

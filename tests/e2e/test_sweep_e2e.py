@@ -132,6 +132,7 @@ def test_six_trial_sweep_registers_a_loadable_model(workers: Stack, tmp_path: Pa
         k: code[k] for k in ("layerlab.version", "layerlab.git_commit")
     }
     assert tags["layerlab.git_modified"] in ("true", "false")
+    assert s["code"] == {k: tags[k] for k in ("layerlab.version", "layerlab.git_commit", "layerlab.git_modified")}
     packages = ("torch", "ray", "mlflow", "numpy")
     assert {p: tags[f"layerlab.{p}_version"] for p in packages} == {p: metadata.version(p) for p in packages}
     assert json.loads(tags["layerlab.cluster_resources"])["CPU"] >= 1

@@ -19,7 +19,7 @@ from sqlalchemy import text
 
 from service import db
 from service.app import create_app
-from service.models import TrialState
+from service.models import Sweep, TrialState
 from service.queue import QueueStore
 from service.settings import Settings
 from service.tokens import TokenStore
@@ -53,7 +53,14 @@ def submit_as(client: TestClient, token: str, spec: dict[str, Any]) -> dict[str,
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("get", "/sweeps"), ("post", "/sweeps"), ("get", "/sweeps/1"), ("post", "/sweeps/1/cancel"), ("get", "/metrics")],
+    [
+        ("get", "/sweeps"),
+        ("post", "/sweeps"),
+        ("get", "/sweeps/1"),
+        ("post", "/sweeps/1/cancel"),
+        ("post", "/sweeps/1/rerun"),
+        ("get", "/metrics"),
+    ],
 )
 def test_every_endpoint_but_healthz_needs_a_token(
     app_and_tokens: tuple[TestClient, dict[str, str]], method: str, path: str
@@ -237,3 +244,50 @@ def test_token_cli_create_list_revoke(tmp_path: Path) -> None:
     bad = run("token", "create", "--user", "../etc", ok=False)
     assert "user name '../etc' is not allowed" in bad.stderr
     db.dispose_all()
+
+
+def test_a_rerun_repeats_the_spec_as_submitted_for_its_caller_and_names_the_code_each_ran(
+    app_and_tokens: tuple[TestClient, dict[str, str]], demo_yaml: str
+) -> None:
+    client, tokens = app_and_tokens
+    store: QueueStore = client.app.state.store  # type: ignore[attr-defined]
+    text = demo_yaml + "# alice's comment stays with the spec\n"
+    yaml_type = {"content-type": "application/yaml"}
+    first = client.post("/sweeps", content=text.encode(), headers={**auth(tokens["alice"]), **yaml_type})
+    assert first.status_code == 201, first.text
+    original = first.json()
+    assert (original["code"], original["rerun_of"]) == (None, None)
+    claim = store.claim("w1", lease_seconds=30)
+    assert claim is not None
+    code = {"layerlab.version": "0.1.0", "layerlab.git_commit": "a" * 40, "layerlab.git_modified": "false"}
+    store.set_fields(claim, code=code)  # what the worker records at the start of an attempt (SweepTracker)
+    assert client.get(f"/sweeps/{original['id']}", headers=auth(tokens["bob"])).json()["code"] == code
+
+    # Anyone who may read a sweep may run it again; the new sweep is theirs, queued, with fresh attempts.
+    resp = client.post(f"/sweeps/{original['id']}/rerun", headers=auth(tokens["bob"]))
+    assert resp.status_code == 201, resp.text
+    again = resp.json()
+    assert again["id"] != original["id"] and again["rerun_of"] == original["id"]
+    assert (again["owner"], again["state"], again["attempts"], again["code"]) == ("bob", "queued", 0, None)
+    assert {k: again[k] for k in ("name", "task", "metric", "trials", "priority")} == {
+        k: original[k] for k in ("name", "task", "metric", "trials", "priority")
+    }
+    rows = {s.id: s for s in (store.get(original["id"]), store.get(again["id"]))}
+    assert rows[again["id"]].spec == rows[original["id"]].spec
+    assert rows[again["id"]].spec_yaml == text  # the YAML as submitted, comments included
+    assert store.events(again["id"])[0].detail == f"priority 50; rerun of sweep {original['id']}"
+
+    # A spec that no longer passes (here: a param its task no longer has) is refused, and nothing is queued.
+    with store.session() as s, s.begin():
+        row = s.get(Sweep, original["id"])
+        assert row is not None
+        row.spec = {**row.spec, "params": {**row.spec["params"], "retired_param": 1}}
+    before = len(store.list_sweeps())
+    stale = client.post(f"/sweeps/{original['id']}/rerun", headers=auth(tokens["bob"]))
+    assert stale.status_code == 409, stale.text
+    assert "no longer passes" in stale.json()["detail"] and "retired_param" in stale.json()["detail"]
+    assert len(store.list_sweeps()) == before
+
+    missing = client.post("/sweeps/999/rerun", headers=auth(tokens["bob"]))
+    assert missing.status_code == 404, missing.text
+    assert client.post(f"/sweeps/{original['id']}/rerun").status_code == 401

@@ -20,7 +20,7 @@ from typer.testing import CliRunner, Result
 from service import cli, cli_views, db
 from service.app import create_app
 from service.models import TrialState
-from service.queue import QueueStore
+from service.queue import Claim, QueueStore
 from service.settings import Settings
 
 PARAMS = {"features": 16, "steps": 1000, "lr": 0.1, "report_every": 100}
@@ -190,6 +190,33 @@ def test_compare_puts_sweeps_side_by_side(api: Api, demo_dict: dict[str, Any]) -
     lines = out.splitlines()
     below_top1 = lines[lines.index(next(x for x in lines if "t_00002" in x)) + 1]
     assert "intersection=product difference=ignorematch seed=0" in below_top1
+
+
+def test_rerun_show_and_compare_name_the_code_each_sweep_ran(api: Api, demo_dict: dict[str, Any]) -> None:
+    a = run_demo(api, demo_dict, "xor-a")
+    commit = "0123456789abcdef" * 2
+    code = {"layerlab.version": "0.1.0", "layerlab.git_commit": commit, "layerlab.git_modified": "false"}
+    row_a = api.store.get(a)  # the worker's claim of run_demo, as the worker holds it
+    claim_a = Claim(a, str(row_a.worker_id), row_a.attempts, row_a.spec, row_a.spec_yaml, None, None)
+    api.store.set_fields(claim_a, code=code)  # as SweepTracker records it at the start of an attempt
+    result = api.invoke("rerun", str(a))
+    assert result.exit_code == 0, result.output
+    b = a + 1
+    assert result.stdout == f"submitted sweep {b} (xor-a, rerun of sweep {a})\n"
+    shown = api.invoke("show", str(b)).stdout
+    assert "code         - (no worker has started it)" in shown and f"rerun of     sweep {a}" in shown, shown
+    assert "code         layerlab 0.1.0, commit 0123456789ab\n" in api.invoke("show", str(a)).stdout
+
+    # b ran other code (a modified checkout of another commit): compare says so under the table.
+    claim_b = api.store.claim("host:1:w2", 30)
+    assert claim_b is not None and claim_b.sweep_id == b
+    api.store.set_fields(claim_b, code={**code, "layerlab.git_commit": "f" * 40, "layerlab.git_modified": "true"})
+    out = api.invoke("compare", str(a), str(b)).stdout
+    modified = "layerlab 0.1.0, commit ffffffffffff (modified)"
+    assert row(out, "code") == ["code", "layerlab 0.1.0, commit 0123456789ab", modified]
+    assert "these sweeps ran different code" in out
+    same = api.invoke("compare", str(a), str(a)).stdout
+    assert "note:" not in same
 
 
 def test_compare_needs_two_sweeps(api: Api) -> None:

@@ -1,4 +1,4 @@
-"""/sweeps: submit, list, show, cancel, resume."""
+"""/sweeps: submit, list, show, cancel, resume, rerun."""
 
 from __future__ import annotations
 
@@ -187,6 +187,33 @@ def resume_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, prin
     _check_owner(store, sweep_id, principal, "resume")
     sweep = store.resume(sweep_id)
     return SweepPublic.build(sweep, store.trial_counts(sweep_id), settings.mlflow_ui_url)
+
+
+@router.post(
+    "/{sweep_id}/rerun",
+    status_code=status.HTTP_201_CREATED,
+    response_model=SweepPublic,
+    responses={
+        404: _error("no sweep with this id"),
+        409: _error("the sweep's spec no longer passes this service's checks (its task or rules changed)"),
+    },
+)
+def rerun_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, principal: PrincipalDep) -> SweepPublic:
+    """Queue a new sweep with the same spec as this one (its YAML as submitted), owned by the caller, with
+    fresh attempts; `rerun_of` names the original. The spec is checked again: tasks and rules may have
+    changed since it was submitted. `code` of the two sweeps tells whether they ran the same code."""
+    original = store.get(sweep_id)
+    try:
+        spec = parse_spec(original.spec)
+    except SpecError as exc:
+        errors = "; ".join(exc.errors)
+        raise HTTPException(
+            409, f"sweep {sweep_id}'s spec no longer passes this service's checks ({errors}); fix it and submit it anew"
+        ) from None
+    sweep = store.submit(
+        spec, original.spec_yaml, max_attempts=settings.max_attempts, owner=principal.user, rerun_of=sweep_id
+    )
+    return SweepPublic.build(sweep, {}, settings.mlflow_ui_url, store.waiting(sweep))
 
 
 def _check_owner(store: StoreDep, sweep_id: int, principal: PrincipalDep, action: str) -> None:
