@@ -121,7 +121,12 @@ def submit(
     if not file.is_file():
         raise _fail(f"{file}: no such file", 2)
     body = _api("POST", "/sweeps", content=file.read_bytes(), headers={"content-type": "application/yaml"})
-    out.print(f"submitted sweep [bold]{body['id']}[/bold] ({body['name']}, {body['trials']['total']} trials)")
+    _submitted(body, f"{body['trials']['total']} trials", wait)
+
+
+def _submitted(body: dict[str, Any], what: str, wait: bool) -> None:
+    """Say which sweep was queued (warning if no live worker can run it); with `wait`, watch it end."""
+    out.print(f"submitted sweep [bold]{body['id']}[/bold] ({body['name']}, {what})")
     warning = views.submit_warning(body)
     if warning:
         err.print(warning, markup=False, highlight=False)
@@ -298,13 +303,7 @@ def rerun(
 ) -> None:
     """Submit a new sweep with the same spec as sweep ID, owned by you; `show` and `compare` name the code
     each ran."""
-    body = _api("POST", f"/sweeps/{sweep_id}/rerun")
-    out.print(f"submitted sweep [bold]{body['id']}[/bold] ({body['name']}, rerun of sweep {sweep_id})")
-    warning = views.submit_warning(body)
-    if warning:
-        err.print(warning, markup=False, highlight=False)
-    if wait:
-        watch(body["id"])
+    _submitted(_api("POST", f"/sweeps/{sweep_id}/rerun"), f"rerun of sweep {sweep_id}", wait)
 
 
 @app.command()

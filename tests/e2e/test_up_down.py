@@ -13,6 +13,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import httpx
@@ -119,11 +120,7 @@ def test_down_after_a_sweep_stops_every_process_within_seconds(tmp_path: Path) -
         log = (tmp_path / "logs" / "worker.log").read_text()
         assert "worker" in log and "Traceback" not in log.split("signal 15")[-1], log[-3000:]
     finally:
-        for pgid in pids.values():
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except OSError:
-                pass
+        _kill_groups(pids.values())
 
 
 def _spare(supervisor: int, worker: int) -> int | None:
@@ -194,11 +191,15 @@ def test_a_stopped_part_starts_again_and_up_starts_only_what_is_missing(tmp_path
         left = {name: _group(pgid) for name, pgid in pids.items() if _group(pgid)}
         assert not left, f"processes left after `layerlab down`: {left}"
     finally:
-        for pgid in pids.values():
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except OSError:
-                pass
+        _kill_groups(pids.values())
+
+
+def _kill_groups(pgids: Iterable[int]) -> None:
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _answers(url: str) -> bool:
