@@ -80,7 +80,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: install services browser podman lint
-	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadscope --no-loadscope-reorder
+	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadscope --no-loadscope-reorder --durations=40
 
 # The fast tier: every test not marked `stack` (pyproject.toml: no Ray, no API, MLflow or S3 server, no worker
 # processes, no containers; tests/conftest.py marks the stack folders), on the machine's PostgreSQL. Lint is not
