@@ -346,14 +346,18 @@ def render_doc(text: str, files: Mapping[str, Mapping[str, Any]]) -> tuple[str, 
     return BLOCK.sub(fill, text), missing
 
 
-def claims_files(
-    spec: Any, modes: Mapping[str, str], sweep: Mapping[str, Any], finished: Sequence[Mapping[str, Any]]
-) -> dict[str, bytes]:
+def claims_files(spec: Any, modes: Mapping[str, str], sweep: Mapping[str, Any], results: Any) -> dict[str, bytes]:
     """summary/claims.json and claims.md of a sweep that ended: the spec's (service.spec.SweepSpec) claims judged
-    on its trials that finished without error (trial_id, config, metrics at their last result); `modes`: the task's
-    metric name -> min | max. `sweep`: its id,
-    parent run id and number of trials."""
+    on its trials that finished without error, each at its last result (`results`: Tune's ResultGrid, or any
+    iterable of objects with `error`, `config` and `metrics`); `modes`: the task's metric name -> min | max.
+    `sweep`: its id, parent run id and number of trials."""
     from datetime import UTC, datetime
+
+    finished = [
+        {"trial_id": str(r.metrics.get("trial_id")), "config": dict(r.config or {}), "metrics": dict(r.metrics)}
+        for r in results
+        if r.error is None and r.metrics
+    ]
 
     about = {
         "id": sweep["id"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class LayerlabError(Exception):
     """Something went wrong in layerlab."""
@@ -42,3 +44,10 @@ class LeaseLost(LayerlabError):
         super().__init__(
             f"worker {worker_id} lost the lease on sweep {sweep_id} (attempt {attempt}); another worker owns it now"
         )
+
+
+def failure_reason(exc: BaseException) -> str:
+    """What failed, in one plain line (no terminal colour codes, no traceback: that goes to the log)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first}"[:500] if first else type(exc).__name__

@@ -12,6 +12,7 @@ Versions come from installed package metadata (importlib.metadata), so nothing h
 
 from __future__ import annotations
 
+import json
 import platform
 import subprocess
 import sys
@@ -92,3 +93,17 @@ def provenance(source_root: Path = SOURCE_ROOT) -> dict[str, Any]:
         "versions": versions(),
         "cluster_resources": cluster_resources(),
     }
+
+
+def code_identity(record: dict[str, Any]) -> dict[str, str]:
+    """The code's identity (code_tags) out of a provenance record: what a sweep's row and its child runs carry."""
+    return {k: str(v) for k, v in record.items() if k.startswith("layerlab.")}
+
+
+def provenance_tags(record: dict[str, Any]) -> dict[str, str]:
+    """A provenance record as a parent run's tags: the code's identity, `layerlab.<package>_version` for python
+    and PACKAGES, and `layerlab.cluster_resources` (JSON)."""
+    tags = code_identity(record)
+    tags.update({f"layerlab.{name}_version": v for name, v in record["versions"].items()})
+    tags["layerlab.cluster_resources"] = json.dumps(record["cluster_resources"], sort_keys=True)
+    return tags

@@ -26,7 +26,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from service.provenance import provenance
+from service.provenance import code_identity, provenance, provenance_tags
 from service.queue import Claim, QueueStore
 from service.settings import Settings
 from service.spec import SweepSpec
@@ -54,8 +54,7 @@ class SweepTracker:
         self.settings, self.store, self.claim, self.spec = settings, store, claim, spec
         self.sweep_id = claim.sweep_id
         self.provenance = {**provenance(), "attempt": claim.attempt, "worker_id": claim.worker_id}
-        # The code that runs this attempt: on the sweep's row (`layerlab show`) and on every child run.
-        code = {k: v for k, v in self.provenance.items() if k.startswith("layerlab.")}
+        code = code_identity(self.provenance)  # on the sweep's row (`layerlab show`) and on every child run
         if settings.tracking_uri.startswith(("http://", "https://")):
             # MLflow prints a "View run" line for every run it ends on a server: 200 per 200-trial sweep.
             os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
@@ -143,14 +142,10 @@ class SweepTracker:
     def _record_provenance(self, run_id: str) -> None:
         """This attempt's code, versions and cluster: as tags (the latest attempt's; an attempt may run on
         another worker with other code) and as `provenance/attempt-N.json` (every attempt's)."""
-        p = self.provenance
-        tags = {k: str(v) for k, v in p.items() if k.startswith("layerlab.")}
-        tags.update({f"layerlab.{name}_version": v for name, v in p["versions"].items()})
-        tags["layerlab.cluster_resources"] = json.dumps(p["cluster_resources"], sort_keys=True)
-        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in provenance_tags(self.provenance).items()])
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / f"attempt-{self.claim.attempt}.json"
-            path.write_text(json.dumps(p, indent=2, sort_keys=True))
+            path.write_text(json.dumps(self.provenance, indent=2, sort_keys=True))
             self.client.log_artifact(run_id, str(path), "provenance")
 
     def _sweep_params(self) -> dict[str, Any]:

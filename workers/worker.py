@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from service.data_paths import data_path_errors
-from service.errors import LeaseLost
+from service.errors import LeaseLost, failure_reason
 from service.models import TrialState
 from service.queue import Claim, QueueStore
 from service.settings import Settings
@@ -334,7 +334,6 @@ class Worker:
         best = results.get_best_result(spec.metric.name, spec.metric.mode, scope="last", filter_nan_and_inf=True)
         value = float(best.metrics[spec.metric.name])
         trial_id = str(best.metrics.get("trial_id"))
-        summary = {"value": value, "trial_id": trial_id, "config": best.config}
         self.store.set_fields(claim, best_metric=value, best_config=best.config, best_trial_id=trial_id)
         if spec.register is not None:
             version = register_model(
@@ -359,14 +358,9 @@ class Worker:
         if spec.claims:
             from service.claims import claims_files
 
-            finished = [
-                {"trial_id": str(r.metrics.get("trial_id")), "config": dict(r.config or {}), "metrics": dict(r.metrics)}
-                for r in results
-                if r.error is None and r.metrics
-            ]
             sweep = {"id": claim.sweep_id, "parent_run_id": tracker.parent_run_id, "trials_total": len(results)}
-            tracker.log_files(claims_files(spec, task.metrics, sweep, finished), "summary")
-        tracker.end_parent("FINISHED", summary)
+            tracker.log_files(claims_files(spec, task.metrics, sweep, results), "summary")
+        tracker.end_parent("FINISHED", {"value": value, "trial_id": trial_id, "config": best.config})
         if self._stop is not None:
             self._stop.ending.set()
         self.store.finish(claim)
@@ -419,19 +413,7 @@ def reconcile(live: Any, results: Any) -> None:
         live.store.trial_ended(live.claim.sweep_id, t.trial_id, TrialState.lost, reason=LOST_REASON)
 
 
-LOST_REASON = (
-    "lost: it started after Tune's last saved state, and the searcher does not make it again "
-    "(it suggested another trial in its place)"
-)
-
-
-def failure_reason(exc: BaseException) -> str:
-    """What failed, in one plain line (no terminal colour codes, no traceback: that goes to the log)."""
-    import re
-
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    return f"{type(exc).__name__}: {first}"[:500] if first else type(exc).__name__
+LOST_REASON = "lost: it started after Tune's last saved state, and its searcher suggested another trial in its place"
 
 
 @contextmanager
