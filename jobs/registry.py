@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,19 @@ def task_names() -> list[str]:
 
 
 def get_task(name: str) -> Task:
+    """A built-in task by name, or a researcher's by `module:attribute` (importable from sys.path: on a Ray
+    worker, Ray's runtime_env puts the sweep's code there; see jobs/brought_code.py)."""
+    if ":" in name:
+        module_name, attr = name.split(":", 1)
+        module = importlib.import_module(module_name)
+        task = getattr(module, attr, None)
+        if not isinstance(task, Task):
+            where = os.path.basename(getattr(module, "__file__", None) or module_name)
+            raise TypeError(
+                f"{name} is {type(task).__name__ if task is not None else 'missing'}, not a jobs.registry.Task; "
+                f"define {attr} = Task(...) in {where}"
+            )
+        return task
     if name not in _TASK_MODULES:
         raise UnknownTaskError(name)
     module_name, attr = _TASK_MODULES[name].split(":")

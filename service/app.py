@@ -15,7 +15,7 @@ from sqlalchemy.exc import OperationalError
 
 from service import metrics
 from service.api.deps import get_principal
-from service.api.routes import sweeps, trials
+from service.api.routes import code, sweeps, trials
 from service.errors import InvalidTransition, SweepNotFound
 from service.queue import QueueStore
 from service.reads import SweepReader
@@ -45,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.token_checks = {}  # token -> its database check in flight (service/api/deps.py)
     app.state.tokens = TokenStore(app.state.store, cache_seconds=settings.token_cache_seconds)
     app.include_router(sweeps.router)
+    app.include_router(code.router)
     app.include_router(trials.router)
 
     @app.get("/healthz", tags=["health"])

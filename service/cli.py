@@ -96,20 +96,27 @@ def _api(method: str, path: str, **kwargs: Any) -> Any:
 @app.command()
 def validate(file: Annotated[Path, typer.Argument(help="Sweep YAML file.")]) -> None:
     """Check a sweep spec and print every error at once (exit 2 if any)."""
-    from service.spec import parse_spec
+    spec, packed = _checked_locally(file)
+    code = f", code {spec.code} ({len(packed.files)} files, sha256 {packed.sha256[:12]})" if packed else ""
+    out.print(
+        f"{file}: ok — task {spec.task}, {spec.trials_total} trial(s), metric {spec.metric.name} ({spec.metric.mode})"
+        f"{code}"
+    )
+
+
+def _checked_locally(file: Path) -> tuple[Any, Any]:
+    """The spec checked here (and the packed code of a spec that brings some); exit 2 listing every error."""
+    from service.cli_code import check_local
 
     if not file.is_file():
         raise _fail(f"{file}: no such file", 2)
     try:
-        spec = parse_spec(file.read_bytes())
+        return check_local(file)
     except SpecError as exc:
         err.print(f"{file}: {len(exc.errors)} error(s)", highlight=False, markup=False)
         for e in exc.errors:
             err.print(f"  {e}", highlight=False, markup=False)
         raise typer.Exit(2) from None
-    out.print(
-        f"{file}: ok — task {spec.task}, {spec.trials_total} trial(s), metric {spec.metric.name} ({spec.metric.mode})"
-    )
 
 
 @app.command()
@@ -117,11 +124,32 @@ def submit(
     file: Annotated[Path, typer.Argument(help="Sweep YAML file.")],
     wait: Annotated[bool, typer.Option("--wait", help="Show progress until the sweep ends.")] = False,
 ) -> None:
-    """Submit a sweep; prints its id."""
+    """Submit a sweep; prints its id. A spec that brings `code` is checked here against that code, which is
+    packed and uploaded first (stored once per content)."""
     if not file.is_file():
         raise _fail(f"{file}: no such file", 2)
-    body = _api("POST", "/sweeps", content=file.read_bytes(), headers={"content-type": "application/yaml"})
+    body = _api(
+        "POST",
+        "/sweeps",
+        content=file.read_bytes(),
+        headers={"content-type": "application/yaml"},
+        params=_upload_code(file),
+    )
     _submitted(body, f"{body['trials']['total']} trials", wait)
+
+
+def _upload_code(file: Path) -> dict[str, str] | None:
+    """For a spec that brings `code`: check it here against that code, upload the packed folder (the API keeps
+    one copy per content) and return the query that names it; None for a built-in task (the API checks it)."""
+    from service.cli_code import brings_code
+
+    if not brings_code(file):
+        return None
+    _, packed = _checked_locally(file)
+    stored = _api("POST", "/code", content=packed.data, headers={"content-type": "application/gzip"})
+    again = "uploaded" if stored["new"] else "already stored, nothing uploaded"
+    out.print(f"code: {len(packed.files)} files, sha256 {stored['sha256'][:12]} ({again})")
+    return {"code_sha256": stored["sha256"]}
 
 
 def _submitted(body: dict[str, Any], what: str, wait: bool) -> None:

@@ -127,15 +127,17 @@ def summary(sweep: Body, trials: Body) -> Text:
 
 
 def code_line(sweep: Body) -> str:
-    """The code the sweep's latest attempt ran: "layerlab 0.1.0, commit 3195a6a6 (modified)"."""
+    """The code the sweep's latest attempt ran: "layerlab 0.1.0, commit 3195a6a6 (modified)", and the code it
+    brought (spec `code`): "; brought code 5f2c0e9a1b3d"."""
+    brought = f"; brought code {sweep['code_sha256'][:12]}" if sweep.get("code_sha256") else ""
     code = sweep.get("code")
     if not code:
-        return "- (no worker has started it)"
+        return f"- (no worker has started it){brought}"
     line = f"layerlab {code.get('layerlab.version', '?')}"
     if code.get("layerlab.git_commit"):
         modified = " (modified)" if code.get("layerlab.git_modified") == "true" else ""
         line += f", commit {code['layerlab.git_commit'][:12]}{modified}"
-    return line
+    return line + brought
 
 
 def different_code(sweeps: list[Body]) -> str | None:

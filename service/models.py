@@ -15,6 +15,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -106,6 +107,8 @@ class Sweep(Base):
     whether it was modified), written by its worker at the start of each attempt."""
     rerun_of: Mapped[int | None] = mapped_column(Integer, nullable=True)
     """The sweep this one repeats (`layerlab rerun`): same spec, a new owner and attempts."""
+    code_sha256: Mapped[str | None] = mapped_column(ForeignKey("code_archives.sha256"), nullable=True)
+    """The researcher's code the sweep brings (spec `code`): a row of code_archives, None for built-in tasks."""
 
 
 class Trial(Base):
@@ -136,6 +139,18 @@ class Trial(Base):
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     """Why the trial ended other than by finishing (error, cancel, lost), in one line."""
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class CodeArchive(Base):
+    """A researcher's code as a sweep brought it (service.code_archive): a gzipped tar, stored once per content."""
+
+    __tablename__ = "code_archives"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    files: Mapped[int] = mapped_column(Integer)
+    uploaded_by: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    uploaded_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 
 class OutboxRow(Base):

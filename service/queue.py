@@ -21,6 +21,7 @@ from typing import Any, cast
 from sqlalchemy import Table, func, select, update
 from sqlalchemy.orm import Session
 
+from service.code_store import CodeArchives
 from service.errors import InvalidTransition, LeaseLost, SweepNotFound
 from service.models import TERMINAL, Event, Sweep, SweepState, TrialState, utcnow
 from service.routing import Need, Node, fits_sql
@@ -46,10 +47,13 @@ class Claim:
     spec_yaml: str
     mlflow_experiment_id: str | None
     mlflow_parent_run_id: str | None
+    code_sha256: str | None = None
+    """The archive of the researcher's code the sweep brings (service.code_store), if any."""
 
 
-class QueueStore(TrialLedger, WorkerRows):
-    """Sweeps and their leases; trial rows (TrialLedger) and worker rows (WorkerRows) by inheritance."""
+class QueueStore(TrialLedger, WorkerRows, CodeArchives):
+    """Sweeps and their leases; trial rows (TrialLedger), worker rows (WorkerRows) and brought code
+    (CodeArchives) by inheritance."""
 
     # --- submit / read / cancel (API side) ---------------------------------------------------
 
@@ -60,8 +64,11 @@ class QueueStore(TrialLedger, WorkerRows):
         max_attempts: int | None = None,
         owner: str | None = None,
         rerun_of: int | None = None,
+        code_sha256: str | None = None,
     ) -> Sweep:
-        """`max_attempts`: the service's default, used when the spec names none."""
+        """`max_attempts`: the service's default, used when the spec names none. `code_sha256`: the stored
+        archive (put_code) of a spec that brings `code`."""
+        assert (spec.code is None) == (code_sha256 is None), "a spec with code comes with its stored archive"
         assert spec.metric.mode is not None, "parse_spec fills the metric mode"
         max_attempts = spec.max_attempts or max_attempts or DEFAULT_MAX_ATTEMPTS
         with self.session() as s, s.begin():
@@ -79,6 +86,7 @@ class QueueStore(TrialLedger, WorkerRows):
                 submitted_at=utcnow(),
                 owner=owner,
                 rerun_of=rerun_of,
+                code_sha256=code_sha256,
                 **Need.of(spec).columns,
             )
             s.add(sweep)
@@ -256,6 +264,7 @@ class QueueStore(TrialLedger, WorkerRows):
                 sweep.spec_yaml,
                 sweep.mlflow_experiment_id,
                 sweep.mlflow_parent_run_id,
+                sweep.code_sha256,
             )
         log.info("claim sweep %s", claim.sweep_id, extra={"action": "claim", "job_id": claim.sweep_id})
         return claim

@@ -68,6 +68,9 @@ class SweepPublic(BaseModel):
     and `layerlab.git_modified`; null until a worker starts it."""
     rerun_of: int | None = None
     """The sweep this one repeats (POST /sweeps/{id}/rerun)."""
+    code_sha256: str | None = None
+    """The researcher's code the sweep brings (spec `code`; GET /sweeps/{id}/code), by its archive's sha256;
+    null for a built-in task."""
 
     @classmethod
     def build(
@@ -121,6 +124,7 @@ class SweepPublic(BaseModel):
             waiting=waiting,
             code=sweep.code,
             rerun_of=sweep.rerun_of,
+            code_sha256=sweep.code_sha256,
         )
 
 

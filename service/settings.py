@@ -30,6 +30,11 @@ class Settings(BaseSettings):
         default=5, ge=1, description="Claims of one sweep before it fails, for a spec that names no max_attempts."
     )
     max_body_bytes: int = Field(default=256 * 1024, gt=0)
+    allow_code: bool = Field(
+        default=True,
+        description="Sweeps may bring the researcher's own code (spec `code`), run with the workers' privileges; "
+        "false refuses such sweeps at the API (LAYERLAB_ALLOW_CODE=0).",
+    )
     ray_num_cpus: int | None = Field(default=None, description="CPUs of a local Ray; all when unset.")
     data_roots: str = Field(
         default="~/.cache/layerlab",

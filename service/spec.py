@@ -26,6 +26,9 @@ from service.errors import SpecError
 from service.settings import get_settings
 from service.spec_loading import load_yaml, show
 
+if typing.TYPE_CHECKING:
+    from jobs.registry import Task
+
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 ALIAS_RE = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
 MAX_TRIALS = 100_000
@@ -120,6 +123,8 @@ class Register(_Strict):
         return v
 
 
+CODE_TASK = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+"""`task` of a sweep that brings code: module:attribute, the module importable from the code's root."""
 CLAIM_ID_RE = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 
 
@@ -161,7 +166,18 @@ with warnings.catch_warnings():
 
     class SweepSpec(_Strict):
         name: str = Field(pattern=NAME_RE, description="Also the MLflow experiment name.")
-        task: str = Field(min_length=1, max_length=100, description="A registered task, e.g. tversky.xor.")
+        task: str = Field(
+            min_length=1,
+            max_length=100,
+            description="A registered task, e.g. tversky.xor; with `code`, module:attribute of a Task in that code.",
+        )
+        code: str | None = Field(
+            default=None,
+            min_length=1,
+            max_length=500,
+            description="Your own code: a folder or a .py file, relative to this YAML file. `layerlab submit` packs "
+            "and uploads it; every trial imports `task` from it.",
+        )
         metric: Metric
         params: dict[str, Any] = Field(default_factory=dict, description="Fixed task config.")
         space: dict[str, Domain] = Field(default_factory=dict, description="Searched task config.")
@@ -195,6 +211,17 @@ with warnings.catch_warnings():
                 if grids:
                     raise ValueError(
                         f"space{key_segment(grids[0])}: optuna cannot search a grid; use choice, or search: grid"
+                    )
+            if self.code is not None:
+                if not CODE_TASK.fullmatch(self.task):
+                    raise ValueError(
+                        f"task: with `code`, name the Task object in it as module:attribute (my_layer:TASK), "
+                        f"got {show(self.task)}"
+                    )
+                if self.metric.mode is None:
+                    raise ValueError(
+                        "metric.mode: with `code` the service does not import your code to read the metric's "
+                        "direction; give min or max"
                     )
             ids = [c.id for c in self.claims]
             doubled = next((i for i, c in enumerate(ids) if ids.index(c) != i), None)
@@ -372,7 +399,7 @@ def _runtime_form(hint: Any, value: Any) -> Any:
     return tuple(value) if typing.get_origin(hint) is tuple and isinstance(value, list) else value
 
 
-def _task_param_errors(task_name: str, params: Any, space: Any) -> list[str]:
+def _task_param_errors(task: Task, params: Any, space: Any) -> list[str]:
     """Check fixed params and every searched value against the task's config dataclass.
 
     Each value is first checked strictly against its field's annotation (the worker builds the config
@@ -381,12 +408,7 @@ def _task_param_errors(task_name: str, params: Any, space: Any) -> list[str]:
     """
     from pydantic import ConfigDict, TypeAdapter
 
-    from jobs.registry import UnknownTaskError, get_task
-
-    try:
-        task = get_task(task_name)
-    except UnknownTaskError as exc:
-        return [f"task: {exc}"]
+    task_name = task.name
     adapter: TypeAdapter[Any] = TypeAdapter(task.config)
     hints = typing.get_type_hints(task.config, include_extras=True)
     strict = {k: TypeAdapter(h, config=ConfigDict(strict=True)) for k, h in hints.items()}
@@ -449,9 +471,14 @@ def _task_param_errors(task_name: str, params: Any, space: Any) -> list[str]:
     return sorted(set(errors), key=errors.index)
 
 
-def parse_spec(source: str | bytes | dict[str, Any], data_roots: str | None = None) -> SweepSpec:
+def parse_spec(
+    source: str | bytes | dict[str, Any], data_roots: str | None = None, code_task: Task | None = None
+) -> SweepSpec:
     """Validate a sweep spec (YAML text or an already-parsed mapping); raise SpecError with every problem.
-    `data_roots`: where task params that name a file or folder may point (default: LAYERLAB_DATA_ROOTS)."""
+    `data_roots`: where task params that name a file or folder may point (default: LAYERLAB_DATA_ROOTS).
+    A spec that brings `code` is checked against `code_task`, the Task imported from it where the caller may
+    import the code (`layerlab validate`); without one (the API, which never imports brought code) its params
+    are checked for plain data only, and the worker's config check fails a bad one."""
     data = source if isinstance(source, dict) else load_yaml(source)
     if not isinstance(data, dict):
         raise SpecError([f"<document>: a sweep spec is a mapping of keys (name, task, ...), got {type(data).__name__}"])
@@ -462,16 +489,19 @@ def parse_spec(source: str | bytes | dict[str, Any], data_roots: str | None = No
     except ValidationError as exc:
         errors = [describe_error(e) for e in exc.errors()]
     unusable = _value_errors(data.get("params"), data.get("space"))
-    task_name = data.get("task")
-    if isinstance(task_name, str) and 0 < len(task_name) <= 100:
+    task, task_error = _resolve_task(data, code_task)
+    errors += task_error
+    if task is not None:
         space = spec.space if spec else _parse_domains(data.get("space"))
-        errors += _task_param_errors(task_name, data.get("params", {}), space)
-        errors += _data_path_errors(task_name, data.get("params"), space, data_roots)
+        errors += _task_param_errors(task, data.get("params", {}), space)
+        roots = get_settings().data_roots if data_roots is None else data_roots
+        params = data.get("params")
+        errors += data_path_errors(task.config, params if isinstance(params, dict) else {}, space, roots)
         metric = data.get("metric")
         if isinstance(metric, dict) and isinstance(metric.get("name"), str):
-            errors += _metric_errors(task_name, metric["name"])
+            errors += _metric_errors(task, metric["name"])
         if spec is not None:
-            errors += _claim_errors(spec)
+            errors += _claim_errors(spec, task)
     if unusable:
         # One message per unusable value: drop what the task's checks said about the same value.
         errors = [e for e in errors if not any(e.startswith((p + ":", p + "[", p + ".")) for p in unusable)]
@@ -480,22 +510,25 @@ def parse_spec(source: str | bytes | dict[str, Any], data_roots: str | None = No
         raise SpecError(errors)
     assert spec is not None
     if spec.metric.mode is None:
-        from jobs.registry import get_task
-
-        mode = get_task(spec.task).metrics[spec.metric.name]
+        assert task is not None  # a spec with code must give the mode (SweepSpec)
+        mode = task.metrics[spec.metric.name]
         spec = spec.model_copy(update={"metric": Metric(name=spec.metric.name, mode=mode)})  # type: ignore[arg-type]
     return spec
 
 
-def _data_path_errors(task_name: str, params: Any, space: dict[str, Any], roots: str | None) -> list[str]:
+def _resolve_task(data: dict[str, Any], code_task: Task | None) -> tuple[Task | None, list[str]]:
+    """The Task the spec's params are checked against, or None with the error that says why there is none."""
+    task_name = data.get("task")
+    if not (isinstance(task_name, str) and 0 < len(task_name) <= 100):
+        return None, []  # SweepSpec's own error names it
+    if data.get("code") is not None:
+        return code_task, []
     from jobs.registry import UnknownTaskError, get_task
 
     try:
-        config = get_task(task_name).config
-    except UnknownTaskError:
-        return []  # reported once, under `task`
-    roots = get_settings().data_roots if roots is None else roots
-    return data_path_errors(config, params if isinstance(params, dict) else {}, space, roots)
+        return get_task(task_name), []
+    except UnknownTaskError as exc:
+        return None, [f"task: {exc}"]
 
 
 def _parse_domains(space: Any) -> dict[str, Any]:
@@ -509,27 +542,17 @@ def _parse_domains(space: Any) -> dict[str, Any]:
     return out
 
 
-def _metric_errors(task_name: str, metric: str) -> list[str]:
-    from jobs.registry import UnknownTaskError, get_task
-
-    try:
-        metrics = get_task(task_name).metrics
-    except UnknownTaskError:
-        return []  # reported once, under `task`
+def _metric_errors(task: Task, metric: str) -> list[str]:
+    metrics = task.metrics
     if metric not in metrics:
-        return [f"metric.name: task {task_name} reports {', '.join(metrics)}; got {show(metric)}"]
+        return [f"metric.name: task {task.name} reports {', '.join(metrics)}; got {show(metric)}"]
     return []
 
 
-def _claim_errors(spec: SweepSpec) -> list[str]:
+def _claim_errors(spec: SweepSpec, task: Task) -> list[str]:
     """Each claim's metric and baseline must be metrics of the task; its conditions must be able to match a
     trial: keys the sweep sets (params or space), values that params or a grid/choice can give."""
-    from jobs.registry import UnknownTaskError, get_task
-
-    try:
-        metrics = get_task(spec.task).metrics
-    except UnknownTaskError:
-        return []
+    metrics = task.metrics
     errors: list[str] = []
     for i, claim in enumerate(spec.claims):
         at = f"claims[{i}]"

@@ -17,7 +17,7 @@ import torch
 from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 
-import jobs
+from jobs.brought_code import model_code_paths
 from jobs.registry import Task
 from workers import checkpoints
 
@@ -44,6 +44,7 @@ def register_model(
     tracking_uri: str,
     *,
     task: Task,
+    task_ref: str,
     model: torch.nn.Module,
     config: dict[str, Any],
     name: str,
@@ -68,7 +69,7 @@ def register_model(
                 model,
                 name="model",
                 serialization_format="pickle",
-                code_paths=[str(Path(jobs.__file__).parent)],
+                code_paths=model_code_paths(task_ref),
                 signature=signature,
                 # Explicit requirements: inference would load the model in a subprocess (seconds).
                 # MLflow writes requirements.txt from this list itself, without a final newline

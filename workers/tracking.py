@@ -54,6 +54,8 @@ class SweepTracker:
         self.settings, self.store, self.claim, self.spec = settings, store, claim, spec
         self.sweep_id = claim.sweep_id
         self.provenance = {**provenance(), "attempt": claim.attempt, "worker_id": claim.worker_id}
+        if claim.code_sha256 is not None:  # the researcher's code: its hash on every run, the archive on the parent
+            self.provenance["layerlab.code_sha256"] = claim.code_sha256
         code = code_identity(self.provenance)  # on the sweep's row (`layerlab show`) and on every child run
         if settings.tracking_uri.startswith(("http://", "https://")):
             # MLflow prints a "View run" line for every run it ends on a server: 200 per 200-trial sweep.
@@ -133,6 +135,10 @@ class SweepTracker:
             with tempfile.TemporaryDirectory() as d:
                 (Path(d) / "spec.yaml").write_text(self.claim.spec_yaml)
                 self.client.log_artifact(run_id, str(Path(d) / "spec.yaml"))
+                if self.claim.code_sha256 is not None:
+                    archive = Path(d) / f"{self.claim.code_sha256}.tar.gz"
+                    archive.write_bytes(self.store.code(self.claim.code_sha256))
+                    self.client.log_artifact(run_id, str(archive), "code")
         else:
             self.client.update_run(run_id, status="RUNNING")
         self._record_provenance(run_id)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from jobs.brought_code import failing_plainly
 from jobs.registry import get_task
 from workers import checkpoints
 from workers.checkpoints import newest_usable, stored_checkpoints
@@ -174,14 +175,16 @@ def run_trial(
     torch.set_num_threads(max(1, int(cpus)))
     task = get_task(task_name)
     cfg = task.make_config(config)
-    task.train(cfg, TuneSession(record.resume if record else None, fence))
+    with failing_plainly(task_name):
+        task.train(cfg, TuneSession(record.resume if record else None, fence))
 
 
 def _train_worker_loop(loop_config: dict[str, Any]) -> None:
     torch.set_num_threads(max(1, int(loop_config["cpus"])))
     task = get_task(loop_config["task"])
     cfg = task.make_config(loop_config["config"])
-    task.train(cfg, TrainSession(loop_config.get("resume"), loop_config.get("fence")))
+    with failing_plainly(loop_config["task"]):
+        task.train(cfg, TrainSession(loop_config.get("resume"), loop_config.get("fence")))
 
 
 def run_trial_distributed(

@@ -64,19 +64,28 @@ class DataPathError(ValueError):
     before anything runs."""
 
 
-def ensure_ray(settings: Settings) -> None:
+_RAY_CODE: list[Path | None] = [None]
+"""The working_dir of this process's Ray job: the code of the sweep it runs, None for built-in tasks."""
+
+
+def ensure_ray(settings: Settings, code: Path | None = None) -> None:
+    """Connect to Ray as a job whose runtime_env ships `code` (a sweep's own code) to every trial process,
+    or none; a connection made for other code is closed and made again (a new Ray job)."""
     for k, v in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(k, v)
     import ray
 
-    if ray.is_initialized():
+    if ray.is_initialized() and _RAY_CODE[0] == code:
         return
+    ray.shutdown()  # a job made for other code; nothing when not connected
+    _RAY_CODE[0] = code
+    job: dict[str, Any] = {"log_to_driver": False, "runtime_env": {"working_dir": str(code)} if code else None}
     if settings.ray_address:
-        ray.init(address=settings.ray_address, log_to_driver=False)
+        ray.init(address=settings.ray_address, **job)
     else:
         # "local": a Ray of its own even where `ray start` left a cluster on this host (without it, ray.init
         # joins the latest one: a CI run's test worker joined another test's head and failed on num_cpus).
-        ray.init(address="local", num_cpus=settings.ray_num_cpus, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=settings.ray_num_cpus, include_dashboard=False, **job)
 
 
 def warm_up(settings: Settings) -> None:
@@ -245,22 +254,33 @@ class Worker:
                 stop.cancel.set()
 
     def _execute(self, claim: Claim, stop: StopRequests, holder: dict[str, Any]) -> None:
+        from jobs.brought_code import imported_from, load_task
+        from jobs.registry import get_task
+
+        spec = SweepSpec.model_validate(claim.spec)
+        if claim.code_sha256 is None:
+            self._run(claim, spec, get_task(spec.task), None, stop, holder)
+            return
+        code = self.store.unpacked(claim.code_sha256, self.settings.home_abs / "code")  # the researcher's code
+        with imported_from(code):
+            self._run(claim, spec, load_task(code, spec.task), code, stop, holder)
+
+    def _run(
+        self, claim: Claim, spec: SweepSpec, task: Any, code: Path | None, stop: StopRequests, holder: dict[str, Any]
+    ) -> None:
         from ray import tune
 
-        from jobs.registry import get_task
         from workers.callbacks import LIVE, LiveSweep
         from workers.durability import Fence, read_ledger
         from workers.storage import tune_storage
         from workers.sweep import make_run_config, make_trainable, make_tune_config, param_space
         from workers.tracking import MLFLOW_OUTAGE_SECONDS, SweepTracker
 
-        spec = SweepSpec.model_validate(claim.spec)
-        task = get_task(spec.task)
         # Checked at submit against the API's LAYERLAB_DATA_ROOTS; this machine's may differ.
         outside = data_path_errors(task.config, spec.params, spec.space, self.settings.data_roots)
         if outside:
             raise DataPathError("; ".join(outside))
-        ensure_ray(self.settings)
+        ensure_ray(self.settings, code)
         if self._handles_signals:
             # ray.init installs its own SIGTERM handler (it aborts the driver); ours must win.
             self.install_signal_handlers()
@@ -324,12 +344,13 @@ class Worker:
         self._finish(claim, spec, task, tracker, results)
 
     def _finish(self, claim: Claim, spec: SweepSpec, task: Any, tracker: Any, results: Any) -> None:
+        from jobs.brought_code import brought_code_line
         from workers.durability import prune_checkpoints
         from workers.registration import load_best_model, register_model
 
         ok = [r for r in results if r.error is None and r.metrics and spec.metric.name in r.metrics]
         if not ok:
-            first = next((r.error for r in results if r.error is not None), None)
+            first = brought_code_line(str(next((r.error for r in results if r.error is not None), None)))
             raise RuntimeError(f"no trial reported {spec.metric.name!r}; first trial error: {first}")
         best = results.get_best_result(spec.metric.name, spec.metric.mode, scope="last", filter_nan_and_inf=True)
         value = float(best.metrics[spec.metric.name])
@@ -339,6 +360,7 @@ class Worker:
             version = register_model(
                 self.settings.tracking_uri,
                 task=task,
+                task_ref=spec.task,
                 model=load_best_model(task, best.config, *self._best_checkpoint(claim, trial_id, best)),
                 config=best.config,
                 name=spec.register.model,

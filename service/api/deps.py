@@ -68,3 +68,15 @@ async def _check_token(request: Request, token: str) -> Principal | None:
 StoreDep = Annotated[QueueStore, Depends(get_store)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"request body is {declared} bytes; the limit is {limit} bytes")
+    body = bytearray()  # not bytes +=: that copies the whole body at every chunk
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise HTTPException(413, f"request body is over the limit of {limit} bytes")
+    return bytes(body)

@@ -126,7 +126,7 @@ def test_invalid_json_spec_is_422(client: TestClient, demo_dict: dict[str, Any])
     errors = resp.json()["detail"]["errors"]
     assert errors[0] == "resources.cpus: must be greater than 0, got 0"
     assert errors[1].startswith(
-        "bogus: unknown key; allowed keys: claims, max_attempts, max_concurrent_trials, max_failures"
+        "bogus: unknown key; allowed keys: claims, code, max_attempts, max_concurrent_trials, max_failures"
     )
     assert len(errors) == 2
 

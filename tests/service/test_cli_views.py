@@ -219,6 +219,18 @@ def test_rerun_show_and_compare_name_the_code_each_sweep_ran(api: Api, demo_dict
     assert "note:" not in same
 
 
+def test_show_and_compare_name_the_code_a_sweep_brought() -> None:
+    from service.cli_views import code_line, different_code
+
+    ours = {"layerlab.version": "0.1.0", "layerlab.git_commit": "0" * 40, "layerlab.git_modified": "false"}
+    a = {"id": 1, "code": ours, "code_sha256": "a" * 64}
+    b = {"id": 2, "code": ours, "code_sha256": "b" * 64}
+    assert code_line(a) == "layerlab 0.1.0, commit 000000000000; brought code aaaaaaaaaaaa"
+    assert code_line({"id": 3, "code": None, "code_sha256": "c" * 64}).endswith("; brought code cccccccccccc")
+    assert different_code([a, b]) is not None and "ran different code" in str(different_code([a, b]))
+    assert different_code([a, dict(a, id=4)]) is None
+
+
 def test_compare_needs_two_sweeps(api: Api) -> None:
     result = api.invoke("compare", "3")
     assert result.exit_code == 2

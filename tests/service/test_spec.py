@@ -56,7 +56,7 @@ BAD_SPECS: list[tuple[str, str | bytes | dict[str, Any], str]] = [
     ("python-tag", "name: !!python/object:os.system x\n", "<document>: not valid YAML"),
     ("not-a-mapping", "- name\n- task\n", "<document>: a sweep spec is a mapping of keys"),
     ("empty-document", "", "<document>: a sweep spec is a mapping of keys"),
-    ("unknown-key", {"bogus": 1}, "bogus: unknown key; allowed keys: claims, max_attempts, max_concurrent_trials"),
+    ("unknown-key", {"bogus": 1}, "bogus: unknown key; allowed keys: claims, code, max_attempts, max_concurrent"),
     ("unknown-nested-key", {"resources.memory": "4G"}, "resources.memory: unknown key; allowed keys: cpus, gpus"),
     ("missing-name", {"name": DROP}, "name: is required"),
     ("missing-metric", {"metric": DROP}, "metric: is required"),

@@ -38,7 +38,7 @@ def timed_heartbeat(*args, **kwargs):
     times["beats"].append(time.monotonic())
     return heartbeat(*args, **kwargs)
 
-def ray_stops_here(settings):
+def ray_stops_here(settings, code=None):
     times["ray"] = time.monotonic()
     raise RuntimeError("the test stops the sweep before Ray starts")
 

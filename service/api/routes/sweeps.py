@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import PrincipalDep, SettingsDep, StoreDep, get_principal
+from service.api.deps import PrincipalDep, SettingsDep, StoreDep, get_principal, read_body
+from service.api.routes.code import require_code_allowed
 from service.errors import SpecError
 from service.models import TERMINAL, SweepState
 from service.reads import SweepReader
 from service.routing import Waiting
 from service.schemas import ErrorResponse, SpecErrorResponse, SweepList, SweepPublic
-from service.spec import parse_spec
+from service.spec import SweepSpec, parse_spec
 from service.spec_loading import load_json
 
 
@@ -37,24 +39,13 @@ SweepId = Annotated[int, Path(ge=1, le=MAX_ID, description="The id POST /sweeps 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(413, f"request body is {declared} bytes; the limit is {limit} bytes")
-    body = bytearray()  # not bytes +=: that copies the whole body at every chunk
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise HTTPException(413, f"request body is over the limit of {limit} bytes")
-    return bytes(body)
-
-
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=SweepPublic,
     responses={
         413: _error("body over the size limit (LAYERLAB_MAX_BODY_BYTES)"),
+        403: _error("the spec brings code and this deployment runs none (LAYERLAB_ALLOW_CODE=0)"),
         415: _error("content type other than YAML or JSON"),
         422: {"model": SpecErrorResponse, "description": "invalid spec: every error, each naming its field"},
     },
@@ -69,10 +60,17 @@ async def _read_body(request: Request, limit: int) -> bytes:
     },
 )
 async def submit_sweep(
-    request: Request, store: StoreDep, settings: SettingsDep, principal: PrincipalDep
+    request: Request,
+    store: StoreDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+    code_sha256: Annotated[
+        str | None,
+        Query(description="The stored archive (POST /code) of a spec that brings `code`; `layerlab submit` sets it."),
+    ] = None,
 ) -> SweepPublic:
     """Validate a sweep spec (YAML or JSON body) and queue it."""
-    body = await _read_body(request, settings.max_body_bytes)
+    body = await read_body(request, settings.max_body_bytes)
     ctype = request.headers.get("content-type", "application/yaml").split(";")[0].strip().lower()
     try:
         if ctype == "application/json":
@@ -92,7 +90,8 @@ async def submit_sweep(
             )
     except SpecError as exc:
         raise HTTPException(422, {"message": "invalid sweep spec", "errors": exc.errors}) from None
-    sweep = store.submit(spec, text, max_attempts=settings.max_attempts, owner=principal.user)
+    _check_code(spec, code_sha256, store, settings)
+    sweep = store.submit(spec, text, max_attempts=settings.max_attempts, owner=principal.user, code_sha256=code_sha256)
     # `waiting.workers_able == 0`: no live worker can run it (the CLI warns); it stays queued all the same.
     return SweepPublic.build(sweep, {}, settings.mlflow_ui_url, store.waiting(sweep))
 
@@ -194,6 +193,7 @@ def resume_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, prin
     status_code=status.HTTP_201_CREATED,
     response_model=SweepPublic,
     responses={
+        403: _error("the sweep brought code and this deployment runs none (LAYERLAB_ALLOW_CODE=0)"),
         404: _error("no sweep with this id"),
         409: _error("the sweep's spec no longer passes this service's checks (its task or rules changed)"),
     },
@@ -210,10 +210,55 @@ def rerun_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, princ
         raise HTTPException(
             409, f"sweep {sweep_id}'s spec no longer passes this service's checks ({errors}); fix it and submit it anew"
         ) from None
+    _check_code(spec, original.code_sha256, store, settings)
     sweep = store.submit(
-        spec, original.spec_yaml, max_attempts=settings.max_attempts, owner=principal.user, rerun_of=sweep_id
+        spec,
+        original.spec_yaml,
+        max_attempts=settings.max_attempts,
+        owner=principal.user,
+        rerun_of=sweep_id,
+        code_sha256=original.code_sha256,
     )
     return SweepPublic.build(sweep, {}, settings.mlflow_ui_url, store.waiting(sweep))
+
+
+@router.get(
+    "/{sweep_id}/code",
+    response_class=Response,
+    responses={
+        200: {"content": {"application/gzip": {}}, "description": "the gzipped tar the sweep brought"},
+        403: _error("the sweep belongs to another user"),
+        404: _error("no sweep with this id, or it brings no code"),
+    },
+)
+def get_sweep_code(sweep_id: SweepId, store: StoreDep, principal: PrincipalDep) -> Response:
+    """The code archive a sweep brought (spec `code`). Owner or admin only: a researcher's code is theirs."""
+    _check_owner(store, sweep_id, principal, "read the code of")
+    digest = store.get(sweep_id).code_sha256
+    if digest is None:
+        raise HTTPException(404, f"sweep {sweep_id} runs a built-in task; it brought no code")
+    headers = {"Content-Disposition": f'attachment; filename="sweep-{sweep_id}-code-{digest[:12]}.tar.gz"'}
+    return Response(store.code(digest), media_type="application/gzip", headers=headers)
+
+
+def _check_code(spec: SweepSpec, digest: str | None, store: StoreDep, settings: SettingsDep) -> None:
+    """A spec that brings code comes with a stored archive, on a deployment that runs brought code."""
+    if spec.code is not None:
+        require_code_allowed(settings)
+    if spec.code is None and digest is not None:
+        why = "code_sha256: given, but the spec brings no code (no `code:` key); drop one of the two"
+    elif spec.code is not None and digest is None:
+        why = (
+            f"code: the spec brings code ({spec.code}) but no archive came with it: `layerlab submit` packs and "
+            "uploads the folder (or POST /code, then POST /sweeps?code_sha256=...)"
+        )
+    elif digest is not None and not re.fullmatch(r"[0-9a-f]{64}", digest):
+        why = f"code_sha256: must be the 64 lower-case hex digits POST /code answered, got {digest[:80]!r}"
+    elif digest is not None and not store.has_code(digest):
+        why = f"code_sha256: no code archive {digest} is stored; upload it first with POST /code"
+    else:
+        return
+    raise HTTPException(422, {"message": "invalid sweep spec", "errors": [why]})
 
 
 def _check_owner(store: StoreDep, sweep_id: int, principal: PrincipalDep, action: str) -> None:
