@@ -8,12 +8,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
 from mlflow.entities import Run
 
 from service.queue import QueueStore
+from tests.e2e.brought_code import EXAMPLE, check_model_loads_alone, check_runs_name_the_code, cli_submit
 from tests.e2e.conftest import wait_until
 
 from .conftest import Production
@@ -115,3 +117,24 @@ def test_a_sweep_resumes_on_another_worker_from_s3(prod: Production) -> None:
     assert len(trials) == 4 and all(t.state == "terminated" and t.iteration == 12 for t in trials)
     assert any(t.starts >= 2 for t in trials), "no trial was resumed: the kill came too late to test anything"
     assert len(_child_runs(prod, "prod-xor-b")) == 4
+
+
+def test_a_sweep_brings_its_code_to_both_ray_nodes(prod: Production, tmp_path: Path) -> None:
+    """examples/own_psi.yaml through the CLI: Ray's runtime_env carries the researcher's folder to the second
+    node, every run names the code, and the model loads from the MLflow server with torch and mlflow alone."""
+    sweep_id, said = cli_submit(prod.env, EXAMPLE)
+    assert "(uploaded)" in said, said
+    prod.start_worker("w-prod-code")
+    s = prod.wait_state(sweep_id, ("succeeded", "failed", "cancelled"), timeout=300)
+    assert s["state"] == "succeeded", s
+    trials = QueueStore(prod.queue_url, run_migrations=False).trials(sweep_id)
+    nodes = Counter(t.node_id for t in trials)
+    assert None not in nodes and len(nodes) == 2, f"trials did not land on both Ray nodes: {nodes}"
+    check_runs_name_the_code(prod.mlflow_client(), s, (prod.api_url, prod.headers), tmp_path)
+    server = prod.mlflow_server
+    env = {
+        "MLFLOW_TRACKING_URI": server.url,
+        "MLFLOW_TRACKING_USERNAME": server.username,
+        "MLFLOW_TRACKING_PASSWORD": server.password,
+    }
+    check_model_loads_alone("own-psi-xor", env, tmp_path)
