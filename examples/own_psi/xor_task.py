@@ -38,28 +38,30 @@ def build_model(cfg: Config) -> SoftminTversky:
 
 def train(cfg: Config, session: Session) -> None:
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg)
+    raw = build_model(cfg)  # its state is what a checkpoint holds and what gets registered
+    model = session.prepare_model(raw)  # DDP when the sweep asks for several workers (resources.workers)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    x, y = X.to(session.device), Y.to(session.device)
     start = 0
     if session.checkpoint is not None:  # a trial resumed after its worker died
-        model.load_state_dict(session.checkpoint["model"])
+        raw.load_state_dict(session.checkpoint["model"])
         optimizer.load_state_dict(session.checkpoint["optimizer"])
         start = int(session.checkpoint["step"])
     for step in range(start + 1, cfg.steps + 1):
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(X), Y)
+        loss = F.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
         if step % cfg.report_every == 0 or step == cfg.steps:
             with torch.no_grad():
-                logits = model(X)
-                accuracy = (logits.argmax(1) == Y).float().mean().item()
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+                logits = model(x)
+                accuracy = (logits.argmax(1) == y).float().mean().item()
+            state = {"model": raw.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
             metrics = {
-                "loss": F.cross_entropy(logits, Y).item(),
+                "loss": F.cross_entropy(logits, y).item(),
                 "accuracy": accuracy,
                 "baseline/majority": 0.5,  # always the commonest class: what a model that reads nothing scores
-                "tau": model.log_tau.exp().item(),
+                "tau": raw.log_tau.exp().item(),
                 "step": step,
             }
             session.report(metrics, checkpoint=state)

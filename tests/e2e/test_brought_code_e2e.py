@@ -44,6 +44,24 @@ def test_the_example_sweep_runs_its_own_code_and_registers_a_model_that_carries_
         httpx.post(f"{stack.api_url}/sweeps/{other}/cancel", headers=stack.headers, timeout=30)
 
 
+def test_ray_train_workers_get_the_code_too(workers: Stack, tmp_path: Path) -> None:
+    """resources.workers: 2 makes the trial a TorchTrainer job: its two DDP workers import the brought code."""
+    spec = tmp_path / "ddp.yaml"
+    spec.write_text(
+        f"name: own-psi-ddp\ncode: {EXAMPLE.parent / 'own_psi'}\ntask: xor_task:TASK\n"
+        "metric: {name: accuracy, mode: max}\nparams: {steps: 100}\nresources: {workers: 2, cpus: 0.5}\n"
+    )
+    sweep_id, _ = cli_submit(workers.env, spec)
+    workers.start_worker("w-code-ddp")
+    s = workers.wait_state(sweep_id, ENDED, timeout=300)
+    assert s["state"] == "succeeded" and s["trials"]["finished"] == 1, s
+    (child,) = workers.mlflow().search_runs(
+        [s["mlflow"]["experiment_id"]], f"tags.`mlflow.parentRunId` = '{s['mlflow']['parent_run_id']}'"
+    )
+    assert child.data.tags["layerlab.code_sha256"] == s["code_sha256"]
+    assert [m.step for m in workers.mlflow().get_metric_history(child.info.run_id, "accuracy")] == [1, 2]
+
+
 GOOD_TASK = """
 from dataclasses import dataclass
 import torch
