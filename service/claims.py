@@ -11,7 +11,9 @@ The rule (RULE below, also written into every claims.json). Ours is the mean ove
 95% Student-t interval (mean ± t(0.975, n-1)·s/√n); with one trial there is no interval.
 
 1. `not measured`: no trial of the condition reported the metric.
-2. `one seed`: fewer than 2 trials: no interval, so no verdict beyond the numbers.
+2. `one seed`: fewer than 2 trials: no interval, so no verdict beyond the numbers. Except a rate over one
+   trial's own independent runs (the claim names `count`, the metric that says how many): its 95% Wilson
+   interval stands in for the t interval in rules 3 and 4.
 3. `not learned`: the model does not beat the trivial baseline by more than its interval (for a metric where
    higher is better: mean - half-width <= baseline; lower is better: mean + half-width >= baseline). A
    comparison is not learned when either of its two conditions is not.
@@ -37,7 +39,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 RULE = (
-    "ours = mean over the condition's trials, 95% Student-t interval; not measured: no trial; one seed: n < 2; "
+    "ours = mean over the condition's trials, 95% Student-t interval (a rate over one trial's own runs, with "
+    "`count`: its 95% Wilson interval); not measured: no trial; one seed: n < 2 without count; "
     "not learned: does not beat the trivial baseline by more than its interval (either arm, for a comparison); "
     "value claim: reproduced if the paper's value is inside our interval, close if within tolerance x |paper| of "
     "our mean, else differs (measured when the paper has no value); comparison (ours = difference of means, "
@@ -60,14 +63,26 @@ class Estimate:
     std: float
     values: tuple[float, ...]
     trials: tuple[str, ...]
+    runs: int | None = None
+    """A rate over one trial's own `runs` independent runs: then [low, high] is its Wilson interval."""
+    bounds: tuple[float, float] | None = None
 
     @property
     def low(self) -> float:
-        return self.mean - self.half
+        return self.bounds[0] if self.bounds else self.mean - self.half
 
     @property
     def high(self) -> float:
-        return self.mean + self.half
+        return self.bounds[1] if self.bounds else self.mean + self.half
+
+
+def rate_estimate(e: Estimate, runs: float) -> Estimate:
+    """A one-trial estimate of a rate over `runs` runs, with its 95% Wilson interval (rule 2's exception)."""
+    from jobs.stats import wilson_interval
+
+    n_runs = int(runs)
+    low, high = wilson_interval(round(e.mean * n_runs), n_runs)
+    return Estimate(e.mean, (high - low) / 2, e.n, e.std, e.values, e.trials, n_runs, (low, high))
 
 
 def t_quantile(df: float) -> float:
@@ -107,6 +122,9 @@ def beats(e: Estimate, baseline: float, mode: str) -> bool:
     the tasks' summaries use too). No baseline (NaN): beaten, and the claims file shows it missing."""
     from jobs.stats import beats_baseline
 
+    if e.bounds is not None and math.isfinite(baseline):
+        return e.low > baseline if mode == "max" else e.high < baseline
+
     return beats_baseline(e.values, baseline, mode)
 
 
@@ -114,7 +132,7 @@ def verdict_value(e: Estimate, baseline: float, mode: str, paper: float | None, 
     """Rules 1-4 for a value claim: (verdict, why)."""
     if e.n == 0:
         return "not measured", "no trial of the condition reported the metric"
-    if e.n < 2:
+    if e.n < 2 and e.bounds is None:
         return "one seed", "one trial: no interval"
     if not beats(e, baseline, mode):
         side = "above" if mode == "max" else "below"
@@ -122,7 +140,7 @@ def verdict_value(e: Estimate, baseline: float, mode: str, paper: float | None, 
     if paper is None:
         return "measured", "the paper gives no value"
     gap = abs(e.mean - paper)
-    if gap <= e.half:
+    if e.low <= paper <= e.high:
         return "reproduced", f"the paper's {_num(paper)} is inside [{_num(e.low)}, {_num(e.high)}]"
     if gap <= tolerance * abs(paper):
         return "close", f"{_num(gap)} from the paper's {_num(paper)}, within {tolerance:g} of it"
@@ -191,6 +209,9 @@ def judge(
         mode = modes[c["metric"]]
         arm = select(trials, c.get("where") or {})
         ours = _metric(arm, c["metric"])
+        if c.get("count") and ours.n == 1:  # a rate over the trial's own runs: its Wilson interval
+            runs = _metric(arm, c["count"]).mean
+            ours = rate_estimate(ours, runs) if math.isfinite(runs) and runs >= 1 else ours
         baseline = _metric(arm, c["baseline"]).mean if c.get("baseline") else math.nan
         row: dict[str, Any] = {
             "id": c["id"],
@@ -229,7 +250,7 @@ def _finite(x: float) -> float | None:
 
 def _estimate_json(e: Estimate) -> dict[str, Any]:
     d = asdict(e)
-    return {
+    out = {
         "mean": _finite(e.mean),
         "half": _finite(e.half),
         "std": _finite(e.std),
@@ -237,6 +258,9 @@ def _estimate_json(e: Estimate) -> dict[str, Any]:
         "values": list(d["values"]),
         "trials": list(d["trials"]),
     }
+    if e.bounds is not None:
+        out |= {"runs": e.runs, "low": e.low, "high": e.high}
+    return out
 
 
 def claims_json(sweep: Mapping[str, Any], judged: Sequence[Mapping[str, Any]]) -> bytes:
@@ -267,6 +291,8 @@ def _cell(e: Mapping[str, Any] | None) -> str:
     if not e or e.get("mean") is None:
         return "—"
     n = e["n"]
+    if e.get("runs") is not None:
+        return f"{e['mean']:.4g} [{e['low']:.3g}, {e['high']:.3g}] ({e['runs']} runs, Wilson)"
     if e.get("half") is None:
         return f"{e['mean']:.4g} (n = {n})"
     return f"{e['mean']:.4g} ± {e['half']:.2g} (n = {n})"

@@ -142,6 +142,11 @@ class PaperClaim(_Strict):
     baseline: str | None = Field(
         default=None, description="A metric the same trials report that reads nothing (baseline/...)."
     )
+    count: str | None = Field(
+        default=None,
+        description="A metric the same trial reports: how many independent runs `metric` is the rate of. A "
+        "condition of one trial is then judged on that rate with its 95% Wilson interval.",
+    )
     versus: dict[str, Any] | None = Field(
         default=None, description="A comparison: the other condition's config values (paper_versus is its value)."
     )
@@ -154,6 +159,8 @@ class PaperClaim(_Strict):
             raise ValueError("a comparison (versus) needs both paper and paper_versus: the paper's two values")
         if self.versus is None and self.paper_versus is not None:
             raise ValueError("paper_versus is the value of a `versus` condition; give versus too, or drop it")
+        if self.count is not None and self.versus is not None:
+            raise ValueError("count (a rate's Wilson interval) judges a value claim; drop count or versus")
         for name, value in (("paper", self.paper), ("paper_versus", self.paper_versus)):
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -556,7 +563,7 @@ def _claim_errors(spec: SweepSpec, task: Task) -> list[str]:
     errors: list[str] = []
     for i, claim in enumerate(spec.claims):
         at = f"claims[{i}]"
-        for field in ("metric", "baseline"):
+        for field in ("metric", "baseline", "count"):
             name = getattr(claim, field)
             if name is not None and name not in metrics:
                 errors.append(f"{at}.{field}: task {spec.task} reports {', '.join(metrics)}; got {show(name)}")

@@ -58,7 +58,7 @@ from jobs.layers.tversky_grid import grid_similarity, official_layer, official_s
 from jobs.registry import Task
 from jobs.runtime import Session
 from jobs.tables import TableRows
-from jobs.tasks.tversky_xor_grid_summary import AXES, summarize
+from jobs.tasks.tversky_xor_grid_summary import AXES, WAYS, summarize
 
 Implementation = Literal["ours", "official"]
 SeedMode = Literal["per_cell", "common"]
@@ -147,7 +147,15 @@ def _check_axis(name: str, values: Any, ok: Callable[[Any], bool], expected: str
         raise ValueError(f"{name}: values must be distinct (each is one grid point), got {list(values)}")
 
 
-METRICS = {"convergence_rate": "max", "loss": "min"}
+METRICS = {
+    "convergence_rate": "max",
+    "loss": "min",
+    "baseline/constant_convergence": "max",
+    # Per way: the rate over that way's models and how many there are, so that a claim can judge the rate with
+    # its Wilson interval (service/claims.py `count`); a trial reports the ways of its config.
+    **{f"convergence_rate/{i}_{s}": "max" for i, s in WAYS},
+    **{f"runs/{i}_{s}": "max" for i, s in WAYS},
+}
 MIN_BLOCK_WIDTH = 8  # |Ω| below this share one block padded to it: a block per |Ω| would cost more per-op overhead
 
 
@@ -316,6 +324,11 @@ def train(cfg: XorGridConfig, session: Session) -> None:
         optimizer.load_state_dict(copy.deepcopy(session.checkpoint["optimizer"]))
         start = int(session.checkpoint["step"])
     failed = raw_model.failed_step  # [M] long, a buffer: it travels in checkpoint["model"]
+    points = grid_points(cfg)
+    way_masks = {
+        f"{i}_{s}": torch.tensor([(p["implementation"], p["semantics"]) == (i, s) for p in points], device=x.device)
+        for i, s in ways(cfg)
+    }  # fmt: skip
     any_failed = bool((failed > 0).any())
 
     def report(step: int) -> None:
@@ -329,8 +342,13 @@ def train(cfg: XorGridConfig, session: Session) -> None:
             "convergence_rate": converged.float().mean().item(),
             "loss": loss[alive].mean().item() if bool(alive.any()) else math.nan,
             "failed_rate": (~alive).float().mean().item(),
+            # A model that reads nothing answers every point alike: never 100% on XOR's two classes.
+            "baseline/constant_convergence": 0.0,
             "step": step,
         }
+        for way, mask in way_masks.items():
+            metrics[f"convergence_rate/{way}"] = converged[mask].float().mean().item()
+            metrics[f"runs/{way}"] = int(mask.sum())
         if step == cfg.steps:  # the rows summarize() aggregates across trials
             metrics["table"] = _rows(cfg, converged, loss, accuracy, failed)
         state = {

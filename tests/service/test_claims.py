@@ -19,6 +19,7 @@ from service.claims import (
     VERDICTS,
     claims_json,
     claims_markdown,
+    claims_table,
     estimate,
     judge,
     read_claims,
@@ -257,3 +258,49 @@ def test_bad_claims_are_refused_with_their_path(claim: str, message: str) -> Non
 def test_claim_ids_are_unique() -> None:
     errors = errors_of("  - {id: a, text: t, metric: accuracy}\n  - {id: a, text: u, metric: loss}\n")
     assert any("claims[1].id: 'a' is used twice" in e for e in errors), errors
+
+
+def test_a_rate_over_one_trials_own_runs_is_judged_on_its_wilson_interval() -> None:
+    """`count` names how many runs a one-trial rate is over: ours is then that rate with its 95% Wilson interval
+    (jobs.stats.wilson_interval), and rules 3 and 4 apply to it as to a t interval."""
+    from jobs.stats import wilson_interval
+
+    def cell(rate: float, runs: int, **config: Any) -> dict[str, Any]:
+        return {"trial_id": "t0", "config": config, "metrics": {"rate": rate, "runs": runs}}
+
+    modes = {"rate": "max", "runs": "max"}
+    base = {"metric": "rate", "count": "runs", "where": {"psi": "product"}}
+    low, high = wilson_interval(2142, 4860)  # 0.441 of 4860: the XOR grid's product + substractmatch
+    [near] = judge([{**base, "id": "a", "paper": 0.44}], [cell(2142 / 4860, 4860, psi="product")], modes)
+    assert near["ours"]["low"] == pytest.approx(low) and near["ours"]["high"] == pytest.approx(high)
+    assert near["ours"]["runs"] == 4860 and near["verdict"] == "reproduced"
+    [near_enough] = judge([{**base, "id": "b", "paper": 0.47}], [cell(2142 / 4860, 4860, psi="product")], modes)
+    assert near_enough["verdict"] == "close"  # outside [0.427, 0.455], within 10% of 0.47
+    [far] = judge([{**base, "id": "b", "paper": 0.53}], [cell(2142 / 4860, 4860, psi="product")], modes)
+    assert far["verdict"] == "differs"
+    [zero] = judge([{**base, "id": "c", "paper": 0.0}], [cell(0.0, 4860, psi="product")], modes | {"b": "max"})
+    assert zero["verdict"] == "reproduced"  # Wilson is not empty at 0: [0, 0.0008]
+    # Against a baseline: the low end must clear it; 3 of 10 runs ([0.108, 0.603]) does not clear 0.15.
+    [weak] = judge(
+        [{**base, "id": "d", "paper": 0.3, "baseline": "floor"}],
+        [{"trial_id": "t0", "config": {"psi": "product"}, "metrics": {"rate": 0.3, "runs": 10, "floor": 0.15}}],
+        modes | {"floor": "max"},
+    )
+    assert weak["verdict"] == "not learned"
+    # Without `count`, one trial is still one seed; with two trials `count` is not used.
+    [one] = judge([{"id": "e", "metric": "rate", "paper": 0.44}], [cell(0.44, 4860)], modes)
+    assert one["verdict"] == "one seed" and "runs" not in one["ours"]
+    two = [cell(0.40, 4860), {**cell(0.46, 4860), "trial_id": "t1"}]
+    [pooled] = judge([{"id": "f", "metric": "rate", "count": "runs", "paper": 0.43}], two, modes)
+    assert pooled["ours"]["n"] == 2 and "runs" not in pooled["ours"]
+    table = claims_table({"claims": [near], "sweep": {}})
+    assert f"0.4407 [{low:.3g}, {high:.3g}] (4860 runs, Wilson)" in table
+
+
+def test_count_must_be_a_metric_and_only_for_a_value_claim() -> None:
+    assert any("claims[0].count: task tversky.xor reports" in e for e in errors_of(
+        "  - {id: a, text: t, metric: accuracy, count: nope}\n"
+    ))  # fmt: skip
+    errors = errors_of("  - {id: a, text: t, metric: accuracy, count: loss, versus: {seed: 0}, paper: 1, "
+                       "paper_versus: 0.5}\n")  # fmt: skip
+    assert any("drop count or versus" in e for e in errors), errors

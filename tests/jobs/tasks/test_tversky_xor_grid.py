@@ -47,7 +47,13 @@ TINY = XorGridConfig(features=(4,), seeds=2, steps=50, report_every=10)  # 2 x 1
 
 def test_registered() -> None:
     assert get_task("tversky.xor_grid") is TASK
-    assert dict(TASK.metrics) == {"convergence_rate": "max", "loss": "min"}
+    per_way = [f"{m}/{i}_{s}" for m in ("convergence_rate", "runs") for i, s in WAYS]
+    assert dict(TASK.metrics) == {
+        "convergence_rate": "max",
+        "loss": "min",
+        "baseline/constant_convergence": "max",
+        **dict.fromkeys(per_way, "max"),
+    }
     assert TASK.summarize is summarize
     assert TASK.example_input(TINY).shape == (4, 2)
     assert type(build_model(TINY)).__module__ == "jobs.tasks.tversky_xor_grid"  # loads with only `jobs` importable
