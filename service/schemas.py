@@ -155,6 +155,18 @@ class ErrorResponse(BaseModel):
     detail: str
 
 
+def error_doc(description: str) -> dict[str, Any]:
+    """An OpenAPI `responses` entry for an error answered as {"detail": "..."}."""
+    return {"model": ErrorResponse, "description": description}
+
+
+AUTH_AND_DATABASE: dict[int | str, dict[str, Any]] = {
+    401: error_doc("missing, unknown or revoked API token"),
+    503: error_doc("the queue database is down"),
+}
+"""What every route that needs a token may answer besides its own errors."""
+
+
 class TrialPublic(BaseModel):
     trial_id: str
     state: str

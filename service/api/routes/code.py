@@ -7,14 +7,12 @@ so an operator may switch the feature off (LAYERLAB_ALLOW_CODE=0).
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends, HTTPException, Request, status
 from pydantic import BaseModel
 
 from service.api.deps import PrincipalDep, SettingsDep, StoreDep, get_principal, read_body
 from service.code_archive import MAX_PACKED_BYTES, CodeArchiveError
-from service.schemas import ErrorResponse
+from service.schemas import AUTH_AND_DATABASE, error_doc
 from service.settings import Settings
 
 
@@ -25,15 +23,11 @@ class CodeStored(BaseModel):
     """False where the same archive was stored before: nothing new was stored."""
 
 
-def _error(description: str) -> dict[str, Any]:
-    return {"model": ErrorResponse, "description": description}
-
-
 router = APIRouter(
     prefix="/code",
     tags=["code"],
     dependencies=[Depends(get_principal)],
-    responses={401: _error("missing, unknown or revoked API token"), 503: _error("the queue database is down")},
+    responses=AUTH_AND_DATABASE,
 )
 
 CODE_OFF = (
@@ -52,9 +46,9 @@ def require_code_allowed(settings: Settings) -> None:
     status_code=status.HTTP_201_CREATED,
     response_model=CodeStored,
     responses={
-        403: _error("brought code is switched off on this deployment"),
-        413: _error("archive over the size limit"),
-        422: _error("not a gzipped tar, or it holds links, special files or paths outside its folder"),
+        403: error_doc("brought code is switched off on this deployment"),
+        413: error_doc("archive over the size limit"),
+        422: error_doc("not a gzipped tar, or it holds links, special files or paths outside its folder"),
     },
     # Sent as application/gzip by the CLI; any content type is read as the archive's bytes.
     openapi_extra={

@@ -16,21 +16,16 @@ from service.errors import SpecError
 from service.models import TERMINAL, SweepState
 from service.reads import SweepReader
 from service.routing import Waiting
-from service.schemas import ErrorResponse, SpecErrorResponse, SweepList, SweepPublic
+from service.schemas import AUTH_AND_DATABASE, SpecErrorResponse, SweepList, SweepPublic, error_doc
 from service.spec import SweepSpec, parse_spec
 from service.spec_loading import load_json
-
-
-def _error(description: str) -> dict[str, Any]:
-    return {"model": ErrorResponse, "description": description}
-
 
 # Every /sweeps endpoint needs a token; handlers that act on ownership take the principal themselves.
 router = APIRouter(
     prefix="/sweeps",
     tags=["sweeps"],
     dependencies=[Depends(get_principal)],
-    responses={401: _error("missing, unknown or revoked API token"), 503: _error("the queue database is down")},
+    responses=AUTH_AND_DATABASE,
 )
 # Ids are PostgreSQL `integer` columns: a larger number is no sweep, and the database would refuse it.
 MAX_ID = 2**31 - 1
@@ -44,9 +39,9 @@ YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yam
     status_code=status.HTTP_201_CREATED,
     response_model=SweepPublic,
     responses={
-        413: _error("body over the size limit (LAYERLAB_MAX_BODY_BYTES)"),
-        403: _error("the spec brings code and this deployment runs none (LAYERLAB_ALLOW_CODE=0)"),
-        415: _error("content type other than YAML or JSON"),
+        413: error_doc("body over the size limit (LAYERLAB_MAX_BODY_BYTES)"),
+        403: error_doc("the spec brings code and this deployment runs none (LAYERLAB_ALLOW_CODE=0)"),
+        415: error_doc("content type other than YAML or JSON"),
         422: {"model": SpecErrorResponse, "description": "invalid spec: every error, each naming its field"},
     },
     openapi_extra={
@@ -121,7 +116,7 @@ WAIT_CHECK_SECONDS = 0.1
 with SQLite: 10 s of one long poll cost the API 0.14 s of CPU, polling every 0.1 s cost it 0.59 s."""
 
 
-@router.get("/{sweep_id}", response_model=SweepPublic, responses={404: _error("no sweep with this id")})
+@router.get("/{sweep_id}", response_model=SweepPublic, responses={404: error_doc("no sweep with this id")})
 async def get_sweep(
     sweep_id: SweepId,
     request: Request,
@@ -158,9 +153,9 @@ async def get_sweep(
     "/{sweep_id}/cancel",
     response_model=SweepPublic,
     responses={
-        403: _error("the sweep belongs to another user"),
-        404: _error("no sweep with this id"),
-        409: _error("the sweep has already ended"),
+        403: error_doc("the sweep belongs to another user"),
+        404: error_doc("no sweep with this id"),
+        409: error_doc("the sweep has already ended"),
     },
 )
 def cancel_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, principal: PrincipalDep) -> SweepPublic:
@@ -175,9 +170,9 @@ def cancel_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, prin
     "/{sweep_id}/resume",
     response_model=SweepPublic,
     responses={
-        403: _error("the sweep belongs to another user"),
-        404: _error("no sweep with this id"),
-        409: _error("the sweep is queued, running or succeeded"),
+        403: error_doc("the sweep belongs to another user"),
+        404: error_doc("no sweep with this id"),
+        409: error_doc("the sweep is queued, running or succeeded"),
     },
 )
 def resume_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, principal: PrincipalDep) -> SweepPublic:
@@ -193,9 +188,9 @@ def resume_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, prin
     status_code=status.HTTP_201_CREATED,
     response_model=SweepPublic,
     responses={
-        403: _error("the sweep brought code and this deployment runs none (LAYERLAB_ALLOW_CODE=0)"),
-        404: _error("no sweep with this id"),
-        409: _error("the sweep's spec no longer passes this service's checks (its task or rules changed)"),
+        403: error_doc("the sweep brought code and this deployment runs none (LAYERLAB_ALLOW_CODE=0)"),
+        404: error_doc("no sweep with this id"),
+        409: error_doc("the sweep's spec no longer passes this service's checks (its task or rules changed)"),
     },
 )
 def rerun_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, principal: PrincipalDep) -> SweepPublic:
@@ -227,8 +222,8 @@ def rerun_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, princ
     response_class=Response,
     responses={
         200: {"content": {"application/gzip": {}}, "description": "the gzipped tar the sweep brought"},
-        403: _error("the sweep belongs to another user"),
-        404: _error("no sweep with this id, or it brings no code"),
+        403: error_doc("the sweep belongs to another user"),
+        404: error_doc("no sweep with this id, or it brings no code"),
     },
 )
 def get_sweep_code(sweep_id: SweepId, store: StoreDep, principal: PrincipalDep) -> Response:
