@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from service.data_paths import data_path_errors
-from service.errors import LeaseLost, failure_reason
+from service.errors import LeaseLost, SpecError, failure_reason
 from service.models import TrialState
 from service.queue import Claim, QueueStore
 from service.settings import Settings
-from service.spec import SweepSpec
+from service.spec import SweepSpec, parse_spec
 from workers.offer import ClusterOffer
 from workers.stop import StopRequests
 from workers.supervisor import local_worker_id, take_over_dead_local_leases
@@ -263,7 +263,12 @@ class Worker:
             return
         code = self.store.unpacked(claim.code_sha256, self.settings.home_abs / "code")  # the researcher's code
         with imported_from(code):
-            self._run(claim, spec, load_task(code, spec.task), code, stop, holder)
+            task = load_task(code, spec.task)
+            try:  # the API could not check params against the code's Config: check them here, before Ray
+                parse_spec(claim.spec, data_roots=self.settings.data_roots, code_task=task)
+            except SpecError as exc:
+                raise ValueError(f"the params do not fit {spec.task}'s config: {'; '.join(exc.errors)}") from None
+            self._run(claim, spec, task, code, stop, holder)
 
     def _run(
         self, claim: Claim, spec: SweepSpec, task: Any, code: Path | None, stop: StopRequests, holder: dict[str, Any]

@@ -96,6 +96,10 @@ BAD_CODE = {
         ["first trial error: your code failed in train at xor_task.py:13: ValueError: my layer blew up"],
     ),
 }
+BAD_CODE["params"] = (  # the API cannot check params against brought code: the worker does, before Ray
+    GOOD_TASK.format(train_body="pass"),
+    ["the params do not fit xor_task:TASK's config: params.depth: unknown parameter for task mine; known: steps"],
+)
 SPEC = "name: bad-{name}\ncode: own\ntask: xor_task:TASK\nmetric: {{name: loss, mode: min}}\nmax_failures: 0\n"
 
 
@@ -116,7 +120,7 @@ def test_bad_code_fails_its_sweep_alone_naming_the_file_and_line(workers: Stack,
         resp = httpx.post(
             f"{stack.api_url}/sweeps",
             params={"code_sha256": stored.json()["sha256"]},
-            content=SPEC.format(name=name),
+            content=SPEC.format(name=name) + ("params: {depth: 3}\n" if name == "params" else ""),
             headers={**stack.headers, "content-type": "application/yaml"},
             timeout=30,
         )
@@ -132,6 +136,6 @@ def test_bad_code_fails_its_sweep_alone_naming_the_file_and_line(workers: Stack,
         assert "\n" not in s["reason"].strip(), repr(s["reason"])
         assert all(part in s["reason"] for part in says), (name, s["reason"])
         log = (stack.home / "logs" / "sweeps" / f"sweep-{ids[name]}.log").read_text()
-        assert "Traceback" in log and "xor_task.py" in log, log[-2000:]  # `layerlab logs ID` shows it
+        assert "Traceback" in log and "xor_task" in log, log[-2000:]  # `layerlab logs ID` shows it
     # The worker went on: the built-in sweep after them runs as usual.
     assert stack.wait_state(builtin["id"], ENDED, timeout=240)["state"] == "succeeded"
