@@ -103,6 +103,6 @@ def test_sweep_through_the_compose_stack(
     assert "(uploaded)" in said, said
     own = _wait_for_sweep(stack, sweep_id, headers, timeout=420)
     assert own["state"] == "succeeded" and own["trials"]["finished"] == 4, f"{own}\n{stack.logs('worker')}"
-    check_runs_name_the_code(client, own, (stack.api_url, headers), tmp_path)
+    check_runs_name_the_code(client, own, (stack.api_url, headers), tmp_path, download=False)
     server = {"MLFLOW_TRACKING_URI": stack.mlflow_url, "MLFLOW_TRACKING_USERNAME": "admin"}
     check_model_loads_alone("own-psi-xor", {**server, "MLFLOW_TRACKING_PASSWORD": stack.mlflow_password}, tmp_path)

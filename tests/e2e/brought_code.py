@@ -49,10 +49,12 @@ def cli_submit(env: dict[str, str], spec: Path) -> tuple[int, str]:
 
 
 def check_runs_name_the_code(
-    client: MlflowClient, sweep: dict[str, Any], api: tuple[str, dict[str, str]], tmp_path: Path
+    client: MlflowClient, sweep: dict[str, Any], api: tuple[str, dict[str, str]], tmp_path: Path, download: bool = True
 ) -> None:
     """The parent run and every child run carry the code's sha256; the parent holds the archive itself, the
-    one the API gives its owner (GET /sweeps/{id}/code)."""
+    one the API gives its owner (GET /sweeps/{id}/code). `download=False`: the archive is only listed (the
+    compose stack's MLflow hands this file's download to MinIO by its in-network name, which the host
+    cannot resolve)."""
     digest = sweep["code_sha256"]
     assert digest and sweep["code"]["layerlab.code_sha256"] == digest, sweep
     url, headers = api
@@ -60,15 +62,19 @@ def check_runs_name_the_code(
     assert stored.status_code == 200 and hashlib.sha256(stored.content).hexdigest() == digest
     parent = client.get_run(sweep["mlflow"]["parent_run_id"])
     assert parent.data.tags["layerlab.code_sha256"] == digest
-    logged = Path(client.download_artifacts(parent.info.run_id, f"code/{digest}.tar.gz", str(tmp_path))).read_bytes()
-    # Through the MLflow server a .gz artifact arrives decompressed (served gzip-encoded, decoded by the
-    # client): the tar inside is the same either way.
-    assert (gzip.decompress(logged) if logged[:2] == b"\x1f\x8b" else logged) == gzip.decompress(stored.content)
     children = client.search_runs(
         [sweep["mlflow"]["experiment_id"]], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
     )
     assert len(children) == sweep["trials"]["total"]
     assert {c.data.tags.get("layerlab.code_sha256") for c in children} == {digest}
+    listed = [a.path for a in client.list_artifacts(parent.info.run_id, "code")]
+    assert listed == [f"code/{digest}.tar.gz"], listed
+    if not download:
+        return
+    logged = Path(client.download_artifacts(parent.info.run_id, f"code/{digest}.tar.gz", str(tmp_path))).read_bytes()
+    # Through the MLflow server a .gz artifact arrives decompressed (served gzip-encoded, decoded by the
+    # client): the tar inside is the same either way.
+    assert (gzip.decompress(logged) if logged[:2] == b"\x1f\x8b" else logged) == gzip.decompress(stored.content)
 
 
 def check_model_loads_alone(model: str, env: dict[str, str], tmp_path: Path) -> None:
