@@ -1,5 +1,5 @@
 """A researcher's code as a sweep brings it: a gzipped tar, packed by the CLI, checked by the API, unpacked by
-the worker and handed to Ray's `runtime_env` (workers/brought_code.py).
+the worker (service.code_store.CodeArchives.unpacked) and handed to Ray's `runtime_env` (workers.worker.ensure_ray).
 
 The archive is content-addressed (the sha256 of its bytes) and packed deterministically (sorted names, no
 owners, no times), so the same code packs to the same hash and a resubmission stores nothing new. `check`
@@ -108,8 +108,8 @@ def check(data: bytes) -> list[str]:
     if len(data) > MAX_PACKED_BYTES:
         raise CodeArchiveError(f"the code archive is {len(data)} bytes; the limit is {MAX_PACKED_BYTES}")
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")
-        members = _members(tar)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            members = _members(tar)
     except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile) as exc:
         why = f"the code is not a gzipped tar archive ({exc}); pack it with `layerlab submit`"
         raise CodeArchiveError(why) from None

@@ -80,3 +80,13 @@ async def read_body(request: Request, limit: int) -> bytes:
         if len(body) > limit:
             raise HTTPException(413, f"request body is over the limit of {limit} bytes")
     return bytes(body)
+
+
+def require_code_allowed(settings: Settings) -> None:
+    """403 where the operator switched brought code off (POST /code, and sweeps that bring code)."""
+    if not settings.allow_code:
+        raise HTTPException(
+            403,
+            "this deployment does not run code brought by sweeps (LAYERLAB_ALLOW_CODE is off); "
+            "use a built-in task, or ask the operator to allow it",
+        )

@@ -10,10 +10,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, HTTPException, Request, status
 from pydantic import BaseModel
 
-from service.api.deps import PrincipalDep, SettingsDep, StoreDep, get_principal, read_body
+from service.api.deps import PrincipalDep, SettingsDep, StoreDep, get_principal, read_body, require_code_allowed
 from service.code_archive import MAX_PACKED_BYTES, CodeArchiveError
 from service.schemas import AUTH_AND_DATABASE, error_doc
-from service.settings import Settings
 
 
 class CodeStored(BaseModel):
@@ -29,16 +28,6 @@ router = APIRouter(
     dependencies=[Depends(get_principal)],
     responses=AUTH_AND_DATABASE,
 )
-
-CODE_OFF = (
-    "this deployment does not run code brought by sweeps (LAYERLAB_ALLOW_CODE is off); "
-    "use a built-in task, or ask the operator to allow it"
-)
-
-
-def require_code_allowed(settings: Settings) -> None:
-    if not settings.allow_code:
-        raise HTTPException(403, CODE_OFF)
 
 
 @router.post(

@@ -10,8 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import PrincipalDep, SettingsDep, StoreDep, get_principal, read_body
-from service.api.routes.code import require_code_allowed
+from service.api.deps import PrincipalDep, SettingsDep, StoreDep, get_principal, read_body, require_code_allowed
 from service.errors import SpecError
 from service.models import TERMINAL, SweepState
 from service.reads import SweepReader
