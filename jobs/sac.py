@@ -8,7 +8,7 @@ the random streams a resumed trial restores. jobs/tasks/sna_halfcheetah.py build
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,18 +186,38 @@ def evaluate_random(env: gym.Env[Any, Any], seeds: Iterable[int]) -> list[float]
     """Returns of the policy that reads nothing: actions uniform in the env's Box action space, one episode from
     each start seed, as `evaluate` runs them (same starts, same length). Episode k's actions come from
     np.random.default_rng(seed_k), so the returns depend on the env and the start seeds alone."""
+    low, high = _box(env, "evaluate_random")
+    return _blind_returns(env, seeds, lambda rng: rng.uniform(low, high))
+
+
+def evaluate_still(env: gym.Env[Any, Any], seeds: Iterable[int]) -> list[float]:
+    """Returns of the other policy that reads nothing: the centre of the action box at every step (zero torque
+    for HalfCheetah), over the same episodes as `evaluate`. Where actions cost reward (HalfCheetah's control
+    cost) it scores above the uniform-random policy, so it is the stronger trivial baseline."""
+    low, high = _box(env, "evaluate_still")
+    centre = (low + high) / 2
+    return _blind_returns(env, seeds, lambda rng: centre)
+
+
+def _box(env: gym.Env[Any, Any], caller: str) -> tuple[np.ndarray, np.ndarray]:
     space = env.action_space
     if not isinstance(space, gym.spaces.Box):
-        raise ValueError(f"evaluate_random: needs a Box action space, got {space}")
-    low, high = space.low.astype(np.float64), space.high.astype(np.float64)
+        raise ValueError(f"{caller}: needs a Box action space, got {space}")
+    return space.low.astype(np.float64), space.high.astype(np.float64)
+
+
+def _blind_returns(
+    env: gym.Env[Any, Any], seeds: Iterable[int], act: Callable[[np.random.Generator], np.ndarray]
+) -> list[float]:
+    """One episode from each start seed of a policy that never looks at the observation: act(rng) per step."""
+    dtype = env.action_space.dtype
     returns = []
     for seed in seeds:
         env.reset(seed=seed)
         rng = np.random.default_rng(seed)
         done, total = False, 0.0
         while not done:
-            action = rng.uniform(low, high).astype(space.dtype)
-            _, reward, terminated, truncated, _ = env.step(action)
+            _, reward, terminated, truncated, _ = env.step(np.asarray(act(rng)).astype(dtype))
             total += float(reward)
             done = terminated or truncated
         returns.append(total)

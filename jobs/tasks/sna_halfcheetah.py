@@ -20,6 +20,9 @@ reported). Each report holds:
   labels an arm "not learned" at a step where its eval return does not beat this by more than its 95% Student-t
   interval over seeds (jobs/stats.py `versus_baseline`). HalfCheetah-v5, 5 episodes: -302, -380, -347 at
   seeds 0, 1, 2 (the control cost of uniform actions alone is 0.1·E|a|² = 0.2 per step, -200 an episode).
+- baseline/still_return: the stronger policy that reads nothing, zero torque at every step (the centre of the
+  action box; jobs/sac.py `evaluate_still`) over the same episodes: it pays no control cost and barely moves,
+  -0.67, 0.26, -0.37 at seeds 0, 1, 2. The summary judges each arm against both.
 - perf/env_steps_per_s (rollout + updates, evaluation excluded) and perf/updates_per_s (update time only).
 - critic/effective_rank (sna; the first twin): the rank holding 90% of the singular-value energy of the cross term
   C_ij = u(s_i)ᵀ diag(w) v(a_j)/√R over `rank_batch` buffer states x actions; critic/interaction_rank (both
@@ -69,6 +72,7 @@ from jobs.sac import (
     ReplayBuffer,
     evaluate,
     evaluate_random,
+    evaluate_still,
     rng_state,
     set_rng_state,
     soft_update,
@@ -178,6 +182,7 @@ METRICS = {
     "step": "max",
     "updates": "max",
     "baseline/random_return": "max",  # the uniform-random policy on the eval episodes (random_return)
+    "baseline/still_return": "max",  # the zero-action policy on the same episodes (still_return)
 }
 
 
@@ -295,6 +300,16 @@ def random_return(cfg: SacConfig) -> float:
         env.close()
 
 
+def still_return(cfg: SacConfig) -> float:
+    """baseline/still_return: the centre-of-the-box (zero-action) policy's mean return over the trial's evaluation
+    episodes, on a fresh env (module docstring). Like random_return, it depends on the env and the seed alone."""
+    env = make_env(cfg.env_id)
+    try:
+        return float(np.mean(evaluate_still(env, eval_seeds(cfg))))
+    finally:
+        env.close()
+
+
 def train(cfg: SacConfig, session: Session) -> None:
     # --- setup
     if session.world_size > 1:
@@ -312,6 +327,7 @@ def train(cfg: SacConfig, session: Session) -> None:
     sna_params = sna_critic_params(obs_dim, act_dim, cfg.rank, cfg.critic_hidden, cfg.critic_depth)
     start, updates, episodes, table = 0, 0, 0, TableRows()
     baseline = random_return(cfg)  # from the env alone, once per trial (again on resume: the same value)
+    still = still_return(cfg)
     resume = session.checkpoint
     if resume is not None:
         raw_actor.load_state_dict(resume["model"])
@@ -385,12 +401,13 @@ def train(cfg: SacConfig, session: Session) -> None:
             "updates": updates,
             "episodes": episodes,
             "baseline/random_return": baseline,
+            "baseline/still_return": still,
         }
         if ep_returns:
             metrics["train/episode_return"] = float(np.mean(ep_returns))
         table.append(
             {**trial_row(cfg, critic_params, sna_params), "step": done, "eval_return": eval_return,
-             "random_return": baseline}
+             "random_return": baseline, "still_return": still}
         )  # fmt: skip
         metrics["table"] = TableRows(table)  # the whole curve so far: ASHA-stopped trials keep theirs too
         state: dict[str, Any] = {
@@ -416,7 +433,7 @@ def train(cfg: SacConfig, session: Session) -> None:
 
 TRIAL_KEYS = ("env_id", "critic", "rank", "critic_hidden", "critic_depth", "match_params", "seed")
 # Per-evaluation values of a row; every other key is trial config (the worker merges each trial's config in).
-ROW_KEYS = ("step", "eval_return", "critic_params", "critic_params_sna", "random_return")
+ROW_KEYS = ("step", "eval_return", "critic_params", "critic_params_sna", "random_return", "still_return")
 
 
 def trial_row(cfg: SacConfig, critic_params: int, sna_params: int) -> dict[str, Any]:
@@ -450,12 +467,14 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     only those: a trial that stopped earlier (ASHA, a failure) is left out there, never carried forward with an
     older value, and each cell states its `seeds`. std is the sample standard deviation over seeds (n - 1).
     Files: curves.csv (every row), matched.csv (arm x step: seeds, mean, std, the 95% Student-t half-width
-    ci95, random_return, vs_random), final.csv (the same at the last step, with each arm's trial count and the
-    steps its trials reached) and eval_return.png (a panel per rank: each critic's mean curve with a ±std band;
-    hollow markers where fewer than all of its seeds evaluated; the random policy's return as a dotted line).
-    random_return is the mean baseline/random_return of the cell's own trials; vs_random is "not learned" where
-    the cell's mean - ci95 is not above it (jobs/stats.py versus_baseline; with one seed, the value itself, and
-    ", n = 1" is added), "learned" where it is, "no baseline" for rows from before the baseline existed.
+    ci95, random_return, vs_random, still_return, vs_still), final.csv (the same at the last step, with each
+    arm's trial count and the steps its trials reached) and eval_return.png (a panel per rank: each critic's
+    mean curve with a ±std band; hollow markers where fewer than all of its seeds evaluated; the random
+    policy's return as a dotted line, the zero-action policy's as a dashed one).
+    random_return (still_return) is the mean baseline/random_return (baseline/still_return) of the cell's own
+    trials; vs_random (vs_still) is "not learned" where the cell's mean - ci95 is not above it (jobs/stats.py
+    versus_baseline; with one seed, the value itself, and ", n = 1" is added), "learned" where it is, "no
+    baseline" for rows from before that baseline existed.
     """
     from matplotlib.figure import Figure  # no pyplot: no global figure state, safe in a worker thread
 
@@ -463,16 +482,17 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
     check_rows(rows, columns, "sna.halfcheetah")
     varying = varying_keys(rows)
     curves: dict[str, dict[int, list[float]]] = {}  # arm -> step -> eval_return of each trial evaluated there
-    randoms: dict[str, dict[int, list[float]]] = {}  # arm -> step -> those trials' baseline/random_return
-    panel_randoms: dict[Any, dict[Any, float]] = {}  # rank -> seed -> random_return (the same for every critic)
+    blind: dict[str, dict[str, dict[int, list[float]]]] = {b: {} for b in BLIND}  # policy -> arm -> step -> values
+    panel_blind: dict[str, dict[Any, dict[Any, float]]] = {b: {} for b in BLIND}  # policy -> rank -> seed -> value
     reached: dict[str, dict[Any, int]] = {}  # arm -> seed -> last step evaluated
     first: dict[str, dict[str, Any]] = {}  # arm -> one of its rows (the critic's description)
     for r in rows:
         arm, step = arm_label(r, varying), int(r["step"])
         curves.setdefault(arm, {}).setdefault(step, []).append(float(r["eval_return"]))
-        if r.get("random_return") is not None:  # rows from before the baseline lack it
-            randoms.setdefault(arm, {}).setdefault(step, []).append(float(r["random_return"]))
-            panel_randoms.setdefault(r["rank"], {})[r["seed"]] = float(r["random_return"])
+        for b in BLIND:  # rows from before a baseline existed lack it; the value is the same for every critic
+            if r.get(f"{b}_return") is not None:
+                blind[b].setdefault(arm, {}).setdefault(step, []).append(float(r[f"{b}_return"]))
+                panel_blind[b].setdefault(r["rank"], {})[r["seed"]] = float(r[f"{b}_return"])
         seeds = reached.setdefault(arm, {})
         seeds[r["seed"]] = max(seeds.get(r["seed"], 0), step)
         first.setdefault(arm, r)
@@ -483,20 +503,16 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
         values = curves[arm].get(step, [])
         mean, std = mean_std(values)
         half = t_interval(values)[1]
-        baseline = _mean(randoms.get(arm, {}).get(step, []))
-        if not values:
-            verdict = ""
-        elif math.isfinite(baseline):
-            verdict = versus_baseline(values, baseline, "max")  # "not learned", "", with ", n = 1" for one seed
-            verdict = verdict if verdict.startswith("not learned") else ", ".join(filter(None, ["learned", verdict]))
-        else:
-            verdict = "no baseline"
         r = first[arm]
-        return {
+        out = {
             "arm": arm, "critic": r["critic"], "rank": r["rank"], "critic_params": r["critic_params"],
             "critic_params_sna": r.get("critic_params_sna", ""), "step": step, "seeds": len(values),
-            "mean": mean, "std": std, "ci95": half, "random_return": baseline, "vs_random": verdict,
+            "mean": mean, "std": std, "ci95": half,
         }  # fmt: skip
+        for b in BLIND:
+            baseline = _mean(blind[b].get(arm, {}).get(step, []))
+            out[f"{b}_return"], out[f"vs_{b}"] = baseline, _verdict(values, baseline)
+        return out
 
     matched = [cell(arm, s) for arm in arms for s in steps]
     final = [
@@ -505,7 +521,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
         for arm in arms
     ]  # fmt: skip
     files = {
-        "curves.csv": csv_bytes([*columns, "critic_params_sna", "random_return"], rows),
+        "curves.csv": csv_bytes([*columns, "critic_params_sna", *(f"{b}_return" for b in BLIND)], rows),
         "matched.csv": csv_bytes(list(matched[0]), matched),
         "final.csv": csv_bytes(list(final[0]), final),
     }
@@ -526,15 +542,30 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, bytes]:
             ax.fill_between(xs, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1], color=color, alpha=0.2)
             ax.plot(np.array(xs)[full], stats[full, 0], "o", color=color, ms=3)
             ax.plot(np.array(xs)[~full], stats[~full, 0], "o", mfc="none", color=color, ms=4)
-        baseline = _mean(list(panel_randoms.get(rank, {}).values()))  # mean over the panel's seeds
-        if math.isfinite(baseline):
-            ax.axhline(baseline, color="k", ls=":", lw=1, label=f"uniform-random policy ({baseline:.0f})")
+        for b, style, name in (("random", ":", "uniform-random policy"), ("still", "--", "zero-action policy")):
+            baseline = _mean(list(panel_blind[b].get(rank, {}).values()))  # mean over the panel's seeds
+            if math.isfinite(baseline):
+                ax.axhline(baseline, color="k", ls=style, lw=1, label=f"{name} ({baseline:.0f})")
         ax.set(xlabel="environment steps", title=f"R = {rank}")
         ax.legend(fontsize=7)
     axes[0].set_ylabel("deterministic eval return (mean ± std over seeds)")
     fig.suptitle(f"{rows[0]['env_id']} (hollow marker: fewer seeds evaluated there than the arm has)")
     files["eval_return.png"] = png_bytes(fig)
     return files
+
+
+BLIND = ("random", "still")
+"""The policies that read nothing, each a baseline/<name>_return metric and <name>_return / vs_<name> columns."""
+
+
+def _verdict(values: list[float], baseline: float) -> str:
+    """vs_<baseline> of a cell: "learned" / "not learned" by the 95% t rule, "no baseline" for rows without it."""
+    if not values:
+        return ""
+    if not math.isfinite(baseline):
+        return "no baseline"
+    verdict = versus_baseline(values, baseline, "max")  # "not learned", "", with ", n = 1" for one seed
+    return verdict if verdict.startswith("not learned") else ", ".join(filter(None, ["learned", verdict]))
 
 
 def _mean(values: list[float]) -> float:

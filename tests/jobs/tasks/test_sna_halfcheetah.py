@@ -30,6 +30,7 @@ from jobs.sac import (
     ReplayBuffer,
     critic_loss,
     evaluate_random,
+    evaluate_still,
     soft_update,
     td_target,
     update_actor_and_alpha,
@@ -44,6 +45,7 @@ from jobs.tasks.sna_halfcheetah import (
     eval_seeds,
     make_agent,
     random_return,
+    still_return,
     summarize,
     train,
 )
@@ -244,6 +246,8 @@ def test_short_halfcheetah_run_updates_evaluates_and_resumes(critic: str) -> Non
     # The trivial baseline rides along with every report (and every summary row), the same in each.
     assert all(h["baseline/random_return"] == random_return(cfg) for h in crashed.history)
     assert first["table"][-1]["random_return"] == random_return(cfg)
+    assert all(h["baseline/still_return"] == still_return(cfg) for h in crashed.history)
+    assert first["table"][-1]["still_return"] == still_return(cfg)
     # The policy that was checkpointed moved away from its init: optimizer steps happened.
     torch.manual_seed(cfg.seed)
     init = build_model(cfg).state_dict()
@@ -286,6 +290,24 @@ def test_random_return_is_the_uniform_policy_on_the_eval_episodes() -> None:
     assert random_return(cfg) == pytest.approx(np.mean(expected), rel=1e-12)
     assert -16.3 * 200 <= random_return(cfg) < 0
     assert list(eval_seeds(cfg)) == [1_000_003 + 6, 1_000_003 + 7, 1_000_003 + 8]
+
+
+def test_still_return_is_the_zero_action_policy_on_the_eval_episodes() -> None:
+    assert METRICS["baseline/still_return"] == "max"
+    # By hand, on Pendulum: torque 0 (the centre of [-2, 2]) at every step from the same start seeds.
+    cfg = dataclasses.replace(PENDULUM, eval_episodes=3, seed=2)
+    env, expected = gym.make("Pendulum-v1"), []
+    for seed in eval_seeds(cfg):
+        env.reset(seed=seed)
+        total, done = 0.0, False
+        while not done:
+            _, reward, terminated, truncated, _ = env.step(np.zeros(1, dtype=np.float32))
+            total, done = total + float(reward), terminated or truncated
+        expected.append(total)
+    assert evaluate_still(gym.make("Pendulum-v1"), eval_seeds(cfg)) == expected
+    assert still_return(cfg) == pytest.approx(np.mean(expected), rel=1e-12)
+    # On HalfCheetah it pays no control cost and barely moves: the stronger of the two blind policies.
+    assert abs(still_return(CHEETAH)) < 5 and still_return(CHEETAH) > random_return(CHEETAH) + 100
 
 
 def test_resume_without_a_saved_buffer_explores_again_before_updating() -> None:
@@ -411,6 +433,18 @@ def test_summary_learned_only_beyond_its_interval_above_random(spread: float, la
     assert float(cells[0]["ci95"]) == pytest.approx(scipy_t.ppf(0.975, 2) * spread / np.sqrt(3), rel=1e-9)
     assert {r["vs_random"] for r in _read(files, "final.csv")} == {label}
     assert {r["random_return"] for r in _read(files, "curves.csv")} == {"-300.0", "-310.0", "-320.0"}
+
+
+def test_summary_judges_each_arm_against_the_still_policy_too() -> None:
+    # Mean 100 over 3 seeds with spread 10 (half-width 24.8): learned against random (-310) and against a still
+    # policy at 0 (75.2 > 0), not learned against one at 80 (75.2 <= 80).
+    for still, label in ((0.0, "learned"), (80.0, "not learned")):
+        rows = [
+            _row("sna", 8, seed, 1000, 100.0 + (seed - 1) * 10.0, random_return=-310.0, still_return=still)
+            for seed in range(3)
+        ]
+        (cell,) = _read(summarize(rows), "matched.csv")
+        assert (cell["vs_random"], float(cell["still_return"]), cell["vs_still"]) == ("learned", still, label)
 
 
 def test_summary_keeps_differently_configured_trials_apart() -> None:
