@@ -342,7 +342,7 @@ def test_summarize_rejects_rows_it_cannot_read() -> None:
 
 @pytest.mark.parametrize(
     "path,task,trials",
-    [("sweeps/symbolic_prop.yaml", "symbolic.prop", 9), ("sweeps/symbolic_prop_ablations.yaml", "symbolic.prop", 42),
+    [("sweeps/symbolic_prop.yaml", "symbolic.prop", 9), ("sweeps/symbolic_prop_ablations.yaml", "symbolic.prop", 18),
      ("sweeps/gpu/symbolic_prop.yaml", "symbolic.prop", 42),
      ("sweeps/symbolic_ltl.yaml", "symbolic.ltl", 9), ("sweeps/gpu/symbolic_ltl.yaml", "symbolic.ltl", 42)],
 )  # fmt: skip
