@@ -335,9 +335,27 @@ def claims_table(doc: Mapping[str, Any]) -> str:
     made = (
         f"\nFrom sweep {s.get('id')} `{s.get('name')}` (task {s.get('task')}), {run} of experiment "
         f"`{s.get('experiment', s.get('name'))}`, finished {s.get('finished_at', '?')}; "
-        f"{s.get('trials_finished', '?')} of {s.get('trials_total', '?')} trials finished.\n"
+        f"{s.get('trials_finished', '?')} of {s.get('trials_total', '?')} trials finished{_made_by(s.get('code'))}.\n"
     )
     return "\n".join(lines) + "\n" + made
+
+
+CODE_TAGS = ("layerlab.version", "layerlab.git_commit", "layerlab.git_modified", "layerlab.code_sha256")
+"""The parent run's tags that say which code made a sweep (service.provenance); `layerlab claims pull` copies
+them into the exported file's sweep.code, so a claims file kept beside a doc still names its code."""
+
+
+def _made_by(code: Mapping[str, str] | None) -> str:
+    """'; code: layerlab 0.1.0 at commit 45f8b75fce8d, unmodified' from sweep.code; '' for files without it."""
+    if not code:
+        return ""
+    made = f"; code: layerlab {code.get('layerlab.version', '?')}"
+    if code.get("layerlab.git_commit"):
+        state = {"false": "unmodified", "true": "with uncommitted changes"}.get(code.get("layerlab.git_modified", ""))
+        made += f" at commit {code['layerlab.git_commit'][:12]}" + (f", {state}" if state else "")
+    if code.get("layerlab.code_sha256"):
+        made += f", brought code {code['layerlab.code_sha256'][:12]}"
+    return made
 
 
 def _md(text: str) -> str:

@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from service.claims import read_claims, render_doc
+from service.claims import CODE_TAGS, read_claims, render_doc
 from service.settings import get_settings
 
 claims_app = typer.Typer(help="Paper claims judged by sweeps: export them from runs, write a document's tables.")
@@ -36,7 +36,8 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 
 
 def fetch_claims(run_id: str, tracking_uri: str) -> dict[str, Any]:
-    """The checked claims file of a parent run (MLflow's public artifact download)."""
+    """The checked claims file of a parent run (MLflow's public artifact download), its sweep.code filled from
+    the run's provenance tags (service.claims.CODE_TAGS) where the file does not carry them."""
     import mlflow
 
     with tempfile.TemporaryDirectory() as d:
@@ -49,7 +50,12 @@ def fetch_claims(run_id: str, tracking_uri: str) -> dict[str, Any]:
                 f"run {run_id} at {tracking_uri} has no {CLAIMS_FILE} ({type(exc).__name__}); it must be the parent "
                 "run of a sweep whose YAML lists claims, finished by a worker of this version"
             ) from None
-        return read_claims(Path(path).read_bytes(), source=f"run {run_id}: {CLAIMS_FILE}")
+        doc = read_claims(Path(path).read_bytes(), source=f"run {run_id}: {CLAIMS_FILE}")
+    tags = mlflow.MlflowClient(tracking_uri).get_run(run_id).data.tags
+    code = {k: tags[k] for k in CODE_TAGS if k in tags}
+    if code and "code" not in doc["sweep"]:
+        doc["sweep"]["code"] = code  # the run's provenance, so the file kept beside a doc names its code
+    return doc
 
 
 def save_claims(doc: dict[str, Any], folder: Path) -> Path:

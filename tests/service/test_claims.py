@@ -304,3 +304,43 @@ def test_count_must_be_a_metric_and_only_for_a_value_claim() -> None:
     errors = errors_of("  - {id: a, text: t, metric: accuracy, count: loss, versus: {seed: 0}, paper: 1, "
                        "paper_versus: 0.5}\n")  # fmt: skip
     assert any("drop count or versus" in e for e in errors), errors
+
+
+# --- which code made a claims file --------------------------------------------------------------
+
+
+def test_table_names_the_code_of_the_run_when_the_file_has_it() -> None:
+    rows = judge(CLAIMS[:1], TRIALS, {"accuracy": "max", "baseline/majority": "max"})
+    sweep = {"id": 7, "name": "xor-claims", "task": "tversky.xor", "trials_finished": 4, "trials_total": 4}
+    plain = claims_table(read_claims(claims_json(sweep, rows)))
+    assert plain.rstrip().endswith("4 of 4 trials finished.")  # files exported before sweep.code: unchanged
+    code = {"layerlab.version": "0.1.0", "layerlab.git_commit": "45f8b75fce8d" + "0" * 28,
+            "layerlab.git_modified": "false"}  # fmt: skip
+    made = claims_table(read_claims(claims_json({**sweep, "code": code}, rows)))
+    assert made.rstrip().endswith("4 of 4 trials finished; code: layerlab 0.1.0 at commit 45f8b75fce8d, unmodified.")
+    dirty = {**code, "layerlab.git_modified": "true", "layerlab.code_sha256": "ab" * 32}
+    made = claims_table(read_claims(claims_json({**sweep, "code": dirty}, rows)))
+    assert "at commit 45f8b75fce8d, with uncommitted changes, brought code abababababab." in made
+
+
+def test_pull_copies_the_parent_runs_code_tags_into_the_file(tmp_path: Path) -> None:
+    """A real MLflow store (sqlite): a parent run with provenance tags and summary/claims.json, pulled."""
+    import mlflow
+
+    from service.cli_claims import fetch_claims
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("xor-claims", artifact_location=(tmp_path / "artifacts").as_uri())
+    tags = {"layerlab.version": "0.1.0", "layerlab.git_commit": "c" * 40, "layerlab.git_modified": "false",
+            "layerlab.cluster_resources": "{}", "layerlab.torch_version": "2.14.1"}  # fmt: skip
+    run = client.create_run(experiment, tags=tags)
+    rows = judge(CLAIMS[:1], TRIALS, {"accuracy": "max", "baseline/majority": "max"})
+    sweep = {"id": 1, "name": "xor-claims", "parent_run_id": run.info.run_id}
+    client.log_text(run.info.run_id, claims_json(sweep, rows).decode(), "summary/claims.json")
+    doc = fetch_claims(run.info.run_id, uri)
+    assert doc["sweep"]["code"] == {k: tags[k] for k in ("layerlab.version", "layerlab.git_commit",
+                                                         "layerlab.git_modified")}  # fmt: skip
+    assert doc["claims"] == read_claims(claims_json(sweep, rows))["claims"]
+    with pytest.raises(ValueError, match="has no summary/claims.json"):
+        fetch_claims(client.create_run(experiment).info.run_id, uri)
