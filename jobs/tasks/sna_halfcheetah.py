@@ -47,6 +47,7 @@ import functools
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -293,19 +294,19 @@ def eval_seeds(cfg: SacConfig) -> range:
 def random_return(cfg: SacConfig) -> float:
     """baseline/random_return: the uniform-random policy's mean return over the trial's evaluation episodes, on
     a fresh env (module docstring). Depends on env_id, seed and eval_episodes only, never on the critic."""
-    env = make_env(cfg.env_id)
-    try:
-        return float(np.mean(evaluate_random(env, eval_seeds(cfg))))
-    finally:
-        env.close()
+    return _blind_return(cfg, evaluate_random)
 
 
 def still_return(cfg: SacConfig) -> float:
-    """baseline/still_return: the centre-of-the-box (zero-action) policy's mean return over the trial's evaluation
-    episodes, on a fresh env (module docstring). Like random_return, it depends on the env and the seed alone."""
+    """baseline/still_return: the centre-of-the-box (zero-action) policy's mean return over the same episodes,
+    on a fresh env (module docstring). Like random_return, it depends on the env and the seed alone."""
+    return _blind_return(cfg, evaluate_still)
+
+
+def _blind_return(cfg: SacConfig, policy: Callable[[gym.Env[Any, Any], range], list[float]]) -> float:
     env = make_env(cfg.env_id)
     try:
-        return float(np.mean(evaluate_still(env, eval_seeds(cfg))))
+        return float(np.mean(policy(env, eval_seeds(cfg))))
     finally:
         env.close()
 
