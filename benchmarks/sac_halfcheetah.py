@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jobs.runtime import LocalSession  # noqa: E402
-from jobs.tasks.sna_halfcheetah import (  # noqa: E402
+from jobs.sna.halfcheetah import (  # noqa: E402
     ReplayBuffer,
     SacConfig,
     build_model,

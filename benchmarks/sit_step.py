@@ -33,10 +33,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs.data.symbolic import collate, encode  # noqa: E402
 from jobs.layers.symbolic_positions import tree_positions  # noqa: E402
-from jobs.symbolic_task import SymbolicConfig, build_for  # noqa: E402
-from jobs.tasks.symbolic_prop import PROP  # noqa: E402
+from jobs.symbolic.data import collate, encode  # noqa: E402
+from jobs.symbolic.prop import PROP  # noqa: E402
+from jobs.symbolic.task import SymbolicConfig, build_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("fixed", "EP-DP-EA-DA-CP", "EP-DP-EA-DA-CP/fused", "-DA", "random")

@@ -15,18 +15,18 @@ from typing import Any
 
 # name -> "module:attribute" of the Task object
 _TASK_MODULES: dict[str, str] = {
-    "tversky.xor": "jobs.tasks.tversky_xor:TASK",
-    "tversky.xor_grid": "jobs.tasks.tversky_xor_grid:TASK",
-    "tversky.lm": "jobs.tasks.tversky_lm:TASK",
-    "tversky.image": "jobs.tasks.tversky_image:TASK",
-    "memory.capacity": "jobs.tasks.memory_capacity:TASK",
-    "memory.hopfield": "jobs.tasks.memory_hopfield:TASK",
-    "memory.neurons": "jobs.tasks.memory_neurons:TASK",
-    "symbolic.prop": "jobs.tasks.symbolic_prop:TASK",
-    "symbolic.ltl": "jobs.tasks.symbolic_ltl:TASK",
-    "sna.halfcheetah": "jobs.tasks.sna_halfcheetah:TASK",
-    "sna.lorenz": "jobs.tasks.sna_lorenz:TASK",
-    "sna.lm": "jobs.tasks.sna_lm:TASK",
+    "tversky.xor": "jobs.tversky.xor:TASK",
+    "tversky.xor_grid": "jobs.tversky.xor_grid:TASK",
+    "tversky.lm": "jobs.tversky.lm:TASK",
+    "tversky.image": "jobs.tversky.image:TASK",
+    "memory.capacity": "jobs.memory.capacity:TASK",
+    "memory.hopfield": "jobs.memory.hopfield:TASK",
+    "memory.neurons": "jobs.memory.neurons:TASK",
+    "symbolic.prop": "jobs.symbolic.prop:TASK",
+    "symbolic.ltl": "jobs.symbolic.ltl:TASK",
+    "sna.halfcheetah": "jobs.sna.halfcheetah:TASK",
+    "sna.lorenz": "jobs.sna.lorenz:TASK",
+    "sna.lm": "jobs.sna.lm:TASK",
 }
 
 

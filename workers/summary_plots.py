@@ -7,7 +7,7 @@
   per bin. With no searched parameter: each trial's final value, in trial order.
 - `<metric>_heatmap.png`: with two or more grid parameters (seeds aside), the mean metric per cell of the
   two that matter most (below), annotated, the best cell outlined: the generic form of the paper
-  sweep's Ψ x difference heatmap (jobs/tasks/tversky_xor_grid.py).
+  sweep's Ψ x difference heatmap (jobs/tversky/xor_grid.py).
 - `<metric>_curves.png`: every trial's curve, coloured by the parameter that matters most, with a legend,
   over the task's own step: the `step` it reports with each result (optimizer steps, environment steps,
   loads stored: what the task counts), not Tune's count of reports. A task that reports no `step` is drawn

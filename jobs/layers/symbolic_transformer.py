@@ -30,7 +30,7 @@ decoder positions are the same in every stream, so the choice does not touch inv
 greedy and beam search (jobs/layers/symbolic_decoding.py, which also defines `EncoderState`, what the
 encoder hands the decoder).
 
-Agreements with the data side (jobs/data/symbolic.py), beyond the fixed interface:
+Agreements with the data side (jobs/symbolic/data.py), beyond the fixed interface:
 - PAD is fixed-token id 0; BOS/EOS ids are config fields `bos_id`, `eos_id` (defaults 1, 2): set them
   from the vocabulary. PAD and BOS are never predicted: their logits are -inf.
 - Tree positions: pass `arities` (arity of every fixed-token id, 0 for constants/specials; len =

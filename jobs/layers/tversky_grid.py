@@ -5,7 +5,7 @@
 reductions are the layer's own (jobs/layers/tversky_reductions.py: its formulas take leading batch dimensions).
 `per_feature_terms` sums the per-feature Ψ on the whole [M, N, P, F] tensor instead of the layer's chunked
 kernels. `official_similarity` runs the `tversky==0.2.1` package's own forward under `torch.func.vmap`, NaN
-gradients included. The task jobs/tasks/tversky_xor_grid.py stacks its models on these (`TverskyXorGrid`).
+gradients included. The task jobs/tversky/xor_grid.py stacks its models on these (`TverskyXorGrid`).
 """
 
 from __future__ import annotations

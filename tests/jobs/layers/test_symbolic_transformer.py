@@ -3,7 +3,7 @@ training and names never seen) for both readings of aggregated attention, the fi
 (name-indexed as in the paper, and rank-indexed), what the random baseline promises, stream masks, every
 ablation flag, AdaCos against its formula, and a short fit of a toy task.
 
-The formulas, their encoding and the collation are written here, independent of jobs/data/symbolic.py.
+The formulas, their encoding and the collation are written here, independent of jobs/symbolic/data.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,12 @@
 """Save one model per task whose registered model pickles a class outside jobs/layers, with the pre-move layout."""
-import sys, torch, mlflow.pytorch
+
+import sys
+
+import mlflow.pytorch
+import torch
+
 from jobs.registry import get_task
+
 out = sys.argv[1]
 cases = {
     "tversky.xor": {},

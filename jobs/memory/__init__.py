@@ -1,0 +1,1 @@
+"""The key-value memory family: capacity, Hopfield retrieval and knowledge neurons."""

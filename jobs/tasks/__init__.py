@@ -1,1 +1,0 @@
-"""One module per experiment; each exposes `TASK` (see jobs/registry.py)."""
