@@ -57,6 +57,10 @@ class Task:
     description: str = ""
     summarize: Callable[[list[dict[str, Any]]], dict[str, bytes]] | None = None
     """summarize(rows) -> artifact file name -> bytes, for the parent run; rows = every trial's final "table"."""
+    baselines: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    """metric -> the `baseline/...` metrics the task reports in that metric's units: rules that learn nothing
+    (constants, a unigram or bigram model, persistence). A claim on the metric is judged against the strongest
+    of them (service/claims.py, rule 3), never a weaker one a sweep picks."""
 
     def make_config(self, params: Mapping[str, Any]) -> Any:
         """Build the config from a flat mapping; unknown names raise TypeError naming them."""

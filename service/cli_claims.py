@@ -2,6 +2,7 @@
 
     layerlab claims pull RUN_ID [--into docs/claims]      summary/claims.json of a parent run -> <sweep>.json
     layerlab claims doc docs/fidelity.md [--check]         fill the doc's claims blocks from those files
+    layerlab claims rejudge docs/claims/*.json [--sweeps sweeps]   judge kept files again under today's rule
 
 A block in the document is `<!-- claims:NAME -->` ... `<!-- /claims:NAME -->`, NAME the sweep's name; its
 file is `<claims dir>/NAME.json` (default: `claims/` beside the document). `--pull RUN_ID` (repeatable) reads
@@ -21,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from service.claims import CODE_TAGS, read_claims, render_doc
+from service.claims import CODE_TAGS, read_claims, rejudge, render_doc
 from service.settings import get_settings
 
 claims_app = typer.Typer(help="Paper claims judged by sweeps: export them from runs, write a document's tables.")
@@ -138,3 +139,54 @@ def doc(
     if new != text:
         document.write_text(new)
     out.print(f"{document}: claims tables written from {folder}", highlight=False)
+
+
+def spec_of(name: str, sweeps: Path) -> Any:
+    """The sweep YAML under `sweeps` whose name is `name` (parsed and checked, as `layerlab validate` would)."""
+    import yaml
+
+    from service.spec import parse_spec
+
+    from service.errors import SpecError
+
+    for path in sorted(sweeps.rglob("*.yaml")):
+        text = path.read_text()
+        if (yaml.safe_load(text) or {}).get("name") == name:
+            try:
+                return parse_spec(text)
+            except SpecError as exc:
+                raise ValueError(f"{path} is not a valid sweep: {'; '.join(exc.errors)}") from None
+    raise ValueError(f"no sweep YAML named {name!r} under {sweeps}; give its folder with --sweeps")
+
+
+@claims_app.command("rejudge")
+def rejudge_files(
+    files: Annotated[list[Path], typer.Argument(help="Claims files (format 1 or 2), rewritten in place.")],
+    sweeps: Annotated[Path, typer.Option(help="Where the sweeps' YAML files are (their claims' bands).")] = Path(
+        "sweeps"
+    ),
+) -> None:
+    """Judge kept claims files again under today's rule, from the values they store (no rerun): the band,
+    unit and replicates of each claim from its sweep YAML, the baselines from its task. A baseline a file did
+    not store makes a verdict that would rest on it `inconclusive`: rerun that sweep."""
+    import json
+
+    from jobs.registry import get_task
+    from service.spec import pooled_settings
+
+    for path in files:
+        try:
+            doc = read_claims(path.read_bytes(), source=str(path), formats=(1, 2))
+            spec = spec_of(doc["sweep"]["name"], sweeps)
+            claims = [c.model_dump(mode="json") for c in spec.claims]
+            pooled = {
+                c.id: sorted({*pooled_settings(spec, c.where, c.replicates),
+                              *(pooled_settings(spec, c.versus, c.replicates) if c.versus else [])})
+                for c in spec.claims
+            }  # fmt: skip
+            new = rejudge(doc, claims, get_task(spec.task).baselines, pooled)
+        except (OSError, ValueError) as exc:
+            raise _fail(str(exc)) from None
+        path.write_text(json.dumps(new, indent=2, allow_nan=False) + "\n")
+        verdicts = ", ".join(f"{c['id']} {c['verdict']}" for c in new["claims"])
+        out.print(f"{path}: {verdicts}", highlight=False)

@@ -140,7 +140,18 @@ class PaperClaim(_Strict):
     )
     paper: float | None = Field(default=None, description="The paper's value, in the metric's own units.")
     baseline: str | None = Field(
-        default=None, description="A metric the same trials report that reads nothing (baseline/...)."
+        default=None,
+        description="A metric the same trials report that learns nothing (baseline/...), weighed beside the task's "
+        "own baselines for the metric: the strongest of them decides.",
+    )
+    baselines: list[str] | None = Field(
+        default=None, max_length=50, description="More such metrics to weigh; the strongest of all decides."
+    )
+    replicates: list[str] = Field(
+        default_factory=lambda: ["seed"],
+        min_length=1,
+        max_length=10,
+        description="The keys in which the pooled trials may differ: independent replicates (seed, a data seed).",
     )
     count: str | None = Field(
         default=None,
@@ -151,7 +162,19 @@ class PaperClaim(_Strict):
         default=None, description="A comparison: the other condition's config values (paper_versus is its value)."
     )
     paper_versus: float | None = Field(default=None, description="The paper's value for the `versus` condition.")
-    tolerance: float = Field(default=0.1, gt=0, le=1, description="`close`: within this share of the paper's value.")
+    tolerance: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="The band around the paper's value, as a share of it (default 0.05, at most 2 points above 90%).",
+    )
+    tolerance_abs: float | None = Field(
+        default=None, gt=0, description="The band around the paper's value, in the metric's own units."
+    )
+    unit: Literal["fraction", "percent"] | None = Field(
+        default=None,
+        description="A percentage metric (0-1 or 0-100): above 90% the default band is at most 2 points wide.",
+    )
 
     @model_validator(mode="after")
     def _comparison_complete(self) -> PaperClaim:
@@ -161,6 +184,8 @@ class PaperClaim(_Strict):
             raise ValueError("paper_versus is the value of a `versus` condition; give versus too, or drop it")
         if self.count is not None and self.versus is not None:
             raise ValueError("count (a rate's Wilson interval) judges a value claim; drop count or versus")
+        if self.tolerance is not None and self.tolerance_abs is not None:
+            raise ValueError("give the band once: tolerance (a share of the paper's value) or tolerance_abs")
         for name, value in (("paper", self.paper), ("paper_versus", self.paper_versus)):
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -567,6 +592,20 @@ def _claim_errors(spec: SweepSpec, task: Task) -> list[str]:
             name = getattr(claim, field)
             if name is not None and name not in metrics:
                 errors.append(f"{at}.{field}: task {spec.task} reports {', '.join(metrics)}; got {show(name)}")
+        for j, name in enumerate(claim.baselines or []):
+            if name not in metrics:
+                errors.append(f"{at}.baselines[{j}]: task {spec.task} reports {', '.join(metrics)}; got {show(name)}")
+        for field in ("where", "versus"):
+            condition = getattr(claim, field)
+            if condition is None:
+                continue
+            pooled = pooled_settings(spec, condition, claim.replicates)
+            if pooled:
+                errors.append(
+                    f"{at}.{field}: pools trials that differ in {', '.join(pooled)}, not only in "
+                    f"{', '.join(claim.replicates)}; fix {'them' if len(pooled) > 1 else 'it'} in {field}, or declare "
+                    "independent replicates in `replicates`"
+                )
         for field in ("where", "versus"):
             for key, value in (getattr(claim, field) or {}).items():
                 where = f"{at}.{field}{key_segment(key)}"
@@ -577,6 +616,18 @@ def _claim_errors(spec: SweepSpec, task: Task) -> list[str]:
                     shown = ", ".join(show(v) for v in possible[:20])
                     errors.append(f"{where}: no trial of this sweep has {show(value)}; its values: {shown}")
     return errors
+
+
+def pooled_settings(spec: SweepSpec, condition: dict[str, Any], replicates: list[str]) -> list[str]:
+    """The searched keys, besides the replicates, whose values differ among the trials a condition selects."""
+    varying = []
+    for key in spec.space:
+        if key in condition or key in replicates:
+            continue
+        values = _possible_values(spec, key)
+        if values is None or values == [] or len({json.dumps(v, sort_keys=True) for v in values}) > 1:
+            varying.append(key)
+    return varying
 
 
 def _possible_values(spec: SweepSpec, key: str) -> list[Any] | None:

@@ -386,7 +386,7 @@ class Worker:
             from service.claims import claims_files
 
             sweep = {"id": claim.sweep_id, "parent_run_id": tracker.parent_run_id, "trials_total": len(results)}
-            tracker.log_files(claims_files(spec, task.metrics, sweep, results), "summary")
+            tracker.log_files(claims_files(spec, task.metrics, sweep, results, task.baselines), "summary")
         tracker.end_parent("FINISHED", {"value": value, "trial_id": trial_id, "config": best.config})
         if self._stop is not None:
             self._stop.ending.set()

@@ -480,6 +480,11 @@ TASK = Task(
     build_model=build_model,
     example_input=example_input,
     metrics=METRICS,
+    baselines={
+        "capacity": ("baseline/capacity",),
+        "bits_per_param": ("baseline/bits_per_param",),
+        "recall": ("baseline/recall", "baseline/chance_recall"),
+    },
     description="FFN key-value memory capacity: recall vs N/d_ff, N* (>= 99% recall) and bits per parameter.",
     summarize=summarize,
 )

@@ -453,6 +453,11 @@ TASK = Task(
     build_model=build_model,
     example_input=example_input,
     metrics=METRICS,
+    baselines={
+        "accuracy": ("baseline/accuracy",),
+        "capacity_ratio": ("baseline/capacity_ratio",),
+        "capacity_ratio_overlap": ("baseline/capacity_ratio_overlap",),
+    },
     description="Hopfield retrieval (classical / dense n / modern) vs N/d from corrupted queries; compare 0.138 d.",
     summarize=summarize,
 )

@@ -456,5 +456,6 @@ TASK = Task(
     build_model=build_model,
     example_input=example_input,
     metrics=METRICS,
+    baselines={"kn/suppress_drop": ("baseline/random_neurons_suppress_drop",)},
     description="Knowledge neurons (Dai et al. 2022) of a small GPT: attribution, suppress/amplify, value edits.",
 )

@@ -580,6 +580,7 @@ TASK = Task(
     build_model=build_model,
     example_input=example_input,
     metrics=METRICS,
+    baselines={"eval_return": ("baseline/still_return", "baseline/random_return")},
     description="SAC on HalfCheetah-v5 with an SNA critic (V + A + rank-R bilinear) vs a size-matched MLP critic.",
     summarize=summarize,
 )

@@ -243,6 +243,7 @@ TASK = Task(
     build_model=build_model,
     example_input=example_input,
     metrics=METRICS,
+    baselines={"val/bpc": ("baseline/unigram_bpc", "baseline/bigram_bpc")},
     description="Character-level LM (Python docs): separable linear rank-R attention vs softmax; val bpc, tokens/s.",
     summarize=summarize,
 )

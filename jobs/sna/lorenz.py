@@ -516,6 +516,11 @@ TASK = Task(
     build_model=build_model,
     example_input=example_input,
     metrics=METRICS,
+    baselines={
+        "eval/vpt": ("baseline/persistence_vpt",),
+        "eval/vpt_median": ("baseline/persistence_vpt_median",),
+        "eval/one_step_nrmse": ("baseline/persistence_one_step_nrmse",),
+    },
     description="Lorenz-63/96 one-step forecasting: CP / bilinear separable vs matched MLP; VPT in Lyapunov times.",
     summarize=summarize,
 )

@@ -27,7 +27,16 @@ from jobs.symbolic.checkers import check_trace
 from jobs.symbolic.data import SymbolicExample
 from jobs.symbolic.loop import run
 from jobs.symbolic.report import make_summarize
-from jobs.symbolic.task import METRICS, PackedSymbolic, PaperData, SymbolicConfig, SymbolicData, build_for, example_for
+from jobs.symbolic.task import (
+    METRIC_BASELINES,
+    METRICS,
+    PackedSymbolic,
+    PaperData,
+    SymbolicConfig,
+    SymbolicData,
+    build_for,
+    example_for,
+)
 
 
 def _generate_ltl(cfg: SymbolicConfig, count: int, seed: int) -> list[SymbolicExample]:
@@ -86,6 +95,7 @@ TASK = Task(
     build_model=build_model,
     example_input=example_input,
     metrics=METRICS,
+    baselines=METRIC_BASELINES,
     description="Symbol-invariant transformer vs baselines on LTL trace witnesses (spot): Correct, Exact, α-cov.",
     summarize=summarize,
 )

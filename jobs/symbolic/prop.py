@@ -61,7 +61,16 @@ from jobs.symbolic.checkers import check_assignment
 from jobs.symbolic.data import SymbolicExample
 from jobs.symbolic.loop import run
 from jobs.symbolic.report import make_summarize
-from jobs.symbolic.task import METRICS, PackedSymbolic, PaperData, SymbolicConfig, SymbolicData, build_for, example_for
+from jobs.symbolic.task import (
+    METRIC_BASELINES,
+    METRICS,
+    PackedSymbolic,
+    PaperData,
+    SymbolicConfig,
+    SymbolicData,
+    build_for,
+    example_for,
+)
 
 
 def _name_ordered_target(formula: Sequence[str]) -> list[str]:
@@ -131,6 +140,7 @@ TASK = Task(
     build_model=build_model,
     example_input=example_input,
     metrics=METRICS,
+    baselines=METRIC_BASELINES,
     description="Symbol-invariant transformer vs baselines on propositional witnesses: Correct, Exact, α-cov.",
     summarize=summarize,
 )

@@ -193,6 +193,13 @@ METRICS = {
     **dict.fromkeys(BASELINE_KEYS, "max"),
     "train/loss": "min",
 }
+METRIC_BASELINES = {
+    metric: (f"baseline/{part}constant_best",)
+    for metric, part in (("correct", ""), ("open_vocab_correct", "open_vocab_"), ("heatmap_accuracy", "heatmap_"))
+}
+"""Task.baselines: per metric, the better of the two constant policies chosen per formula with the answer in
+hand, scored on the same formulas. It is at least all_false's and all_true's score by construction, so it is
+the strongest constant rule: an upper bound of what any constant policy scores."""
 
 
 # --- model

@@ -414,6 +414,7 @@ TASK = Task(
     build_model=build_model,
     example_input=example_input,
     metrics=METRICS,
+    baselines={"test/accuracy": ("baseline/majority",)},
     summarize=summarize,
     description=(
         "Digits/MNIST with a torchvision ResNet-18/50 and a linear or Tversky head (tversky.md §3.2); "

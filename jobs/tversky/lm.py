@@ -222,6 +222,7 @@ TASK = Task(
     build_model=build_model,
     example_input=example_input,
     metrics=METRICS,
+    baselines={"val/perplexity": ("baseline/unigram_ppl", "baseline/bigram_ppl")},
     description="GPT-2 language model with Tversky LM head / attention projections (PTB or Python docs).",
     summarize=summarize,
 )

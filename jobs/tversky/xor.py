@@ -181,5 +181,6 @@ TASK = Task(
     build_model=build_model,
     example_input=example_input,
     metrics=METRICS,
+    baselines={"accuracy": ("baseline/majority",)},
     description="XOR (4 points) with one Tversky projection layer; converged = 100% accuracy.",
 )

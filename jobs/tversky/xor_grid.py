@@ -416,6 +416,10 @@ TASK = Task(
     build_model=build_model,
     example_input=example_input,
     metrics=METRICS,
+    baselines={
+        metric: ("baseline/constant_convergence",)
+        for metric in ("convergence_rate", *(k for k in METRICS if k.startswith("convergence_rate/")))
+    },
     description="The XOR convergence grid: every (way, |Ω|, normalize, init, seed) model of one Ψ x difference.",
     summarize=summarize,
 )

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from service.claims import (
     VERDICTS,
+    band_width,
     claims_json,
     claims_markdown,
     claims_table,
@@ -76,25 +77,44 @@ def test_welch_matches_the_formula() -> None:
     ("values", "baseline", "mode", "paper", "verdict"),
     [
         ([], 0.5, "max", 0.9, "not measured"),
-        ([0.95], 0.5, "max", 0.9, "one seed"),
+        ([0.95], 0.5, "max", 0.9, "measured"),  # one seed: no interval
+        ([0.95, 0.96], 0.5, "max", 0.9, "measured"),  # two seeds: below the 3 a verdict needs
         ([0.52, 0.55, 0.50], 0.5, "max", 0.9, "not learned"),  # 0.523 ± 0.062: not above 0.5
         ([0.40, 0.41, 0.39], 0.5, "max", 0.9, "not learned"),  # below a policy that reads nothing
-        ([0.88, 0.90, 0.92], 0.5, "max", 0.9, "reproduced"),  # the paper inside [0.85, 0.95]
-        ([0.80, 0.81, 0.82], 0.5, "max", 0.9, "close"),  # 0.09 away, within 10% of 0.9
+        ([0.895, 0.90, 0.905], 0.5, "max", 0.9, "reproduced"),  # [0.888, 0.912] inside 0.9 ± 0.045
+        ([0.88, 0.90, 0.92], 0.5, "max", 0.9, "inconclusive"),  # [0.850, 0.950] holds 0.9, wider than the band
+        ([0.86, 0.865, 0.87], 0.5, "max", 0.9, "close"),  # [0.853, 0.877] misses 0.9, mean within 0.045
         ([0.60, 0.61, 0.62], 0.5, "max", 0.9, "differs"),
         ([0.60, 0.61, 0.62], 0.5, "max", None, "measured"),
-        ([100.0, 104.0, 102.0], 400.0, "min", 103.99, "reproduced"),  # perplexity: lower is better
+        ([102.0, 103.0, 104.0], 400.0, "min", 103.0, "reproduced"),  # perplexity: lower is better
         ([390.0, 395.0, 400.0], 400.0, "min", 103.99, "not learned"),  # not below the unigram model's
     ],
 )
 def test_value_verdicts(values: list[float], baseline: float, mode: str, paper: float | None, verdict: str) -> None:
-    got, why = verdict_value(estimate(values), baseline, mode, paper, tolerance=0.1)
+    band = band_width(paper) if paper is not None else math.nan
+    got, why = verdict_value(estimate(values), baseline, mode, paper, band)
     assert got == verdict, why
     assert why
 
 
 def test_a_missing_baseline_does_not_make_a_model_not_learned() -> None:
-    assert verdict_value(estimate([0.88, 0.9, 0.92]), math.nan, "max", 0.9, 0.1)[0] == "reproduced"
+    assert verdict_value(estimate([0.895, 0.9, 0.905]), math.nan, "max", 0.9, 0.045)[0] == "reproduced"
+
+
+def test_the_paper_inside_a_too_wide_interval_is_inconclusive_with_the_seeds_needed() -> None:
+    """0.9 ± 0.124 (sd 0.05, n = 3) holds the paper's 0.9 but is wider than its band (± 0.045): the t
+    half-width at sd 0.05 first falls below 0.045 at n = 8 (t(7) = 2.365: 0.0418; t(6) = 2.447: 0.0462)."""
+    verdict, why = verdict_value(estimate([0.85, 0.90, 0.95]), 0.5, "max", 0.9, band_width(0.9))
+    assert verdict == "inconclusive" and "about 8 seeds" in why, why
+
+
+def test_the_default_band_is_five_percent_and_two_points_above_ninety_percent() -> None:
+    assert band_width(0.5) == pytest.approx(0.025) and band_width(200.0) == pytest.approx(10.0)
+    assert band_width(0.9803, unit="fraction") == pytest.approx(0.02)  # not 0.049
+    assert band_width(95.62, unit="percent") == pytest.approx(2.0)
+    assert band_width(0.85, unit="fraction") == pytest.approx(0.0425)  # not above 90%: 5%
+    assert band_width(0.9803, tolerance=0.1, unit="fraction") == pytest.approx(0.09803)  # the claim's own band
+    assert band_width(0.5, tolerance_abs=0.01) == 0.01
 
 
 # --- comparison claims --------------------------------------------------------------------------
@@ -105,10 +125,12 @@ def test_a_missing_baseline_does_not_make_a_model_not_learned() -> None:
     [
         ([0.90, 0.91, 0.92], [0.80, 0.81, 0.82], 0.05, "reproduced"),  # the paper's sign, interval clear of 0
         ([0.80, 0.81, 0.82], [0.90, 0.91, 0.92], 0.05, "opposite"),
-        ([0.80, 0.90, 0.85], [0.84, 0.86, 0.82], 0.02, "close"),  # holds 0 and the paper's difference
-        ([0.80, 0.82, 0.81], [0.80, 0.82, 0.81], 0.5, "differs"),  # no difference, the paper's far out
+        ([0.80, 0.90, 0.85], [0.84, 0.86, 0.82], 0.02, "inconclusive"),  # holds 0 (and the paper's 0.02)
+        ([0.80, 0.82, 0.81], [0.80, 0.82, 0.81], 0.5, "inconclusive"),  # no difference seen: holds 0
+        ([0.90, 0.91, 0.92], [0.80, 0.81, 0.82], 0.0, "differs"),  # the paper reports none, ours excludes 0
         ([0.90, 0.91, 0.92], [0.45, 0.5, 0.48], 0.05, "not learned"),  # the other arm is below the baseline
-        ([0.90], [0.80, 0.81], 0.05, "one seed"),
+        ([0.90], [0.80, 0.81, 0.82], 0.05, "measured"),
+        ([0.90, 0.91], [0.80, 0.81, 0.82], 0.05, "measured"),  # n = 2 on one side
     ],
 )
 def test_comparison_verdicts(a: list[float], b: list[float], paper_diff: float, verdict: str) -> None:
@@ -128,11 +150,22 @@ def test_every_value_claim_gets_a_verdict_and_below_baseline_is_never_reproduced
     values: list[float], baseline: float, paper: float | None, mode: str
 ) -> None:
     e = estimate(values)
-    verdict, _ = verdict_value(e, baseline, mode, paper, 0.1)
+    verdict, _ = verdict_value(e, baseline, mode, paper, band_width(paper) if paper else math.nan)
     assert verdict in VERDICTS
-    worse = e.n >= 2 and (e.mean <= baseline if mode == "max" else e.mean >= baseline)
+    worse = e.n >= 3 and (e.mean <= baseline if mode == "max" else e.mean >= baseline)
     if worse:
         assert verdict == "not learned"
+    if e.n < 3:
+        assert verdict in ("measured", "not measured")
+    if verdict == "reproduced":
+        assert paper is not None and paper - band_width(paper) <= e.low and e.high <= paper + band_width(paper)
+
+
+def test_a_comparison_whose_interval_holds_zero_is_inconclusive_with_the_seeds_needed() -> None:
+    verdict, why, d, half = verdict_comparison(
+        estimate([0.80, 0.90, 0.85]), estimate([0.84, 0.86, 0.82]), 0.5, 0.5, "max", 0.02
+    )
+    assert verdict == "inconclusive" and abs(d) <= half and "seeds a side" in why, why
 
 
 # --- judging a sweep, the files and the doc -----------------------------------------------------
@@ -143,14 +176,46 @@ CLAIMS = [
     {"id": "mean-vs-min", "text": "mean beats min", "metric": "accuracy", "where": {"psi": "mean"},
      "versus": {"psi": "min"}, "paper": 1.0, "paper_versus": 0.6, "baseline": "baseline/majority"},
 ]  # fmt: skip
-TRIALS = [trial(0, 1.0, psi="mean"), trial(1, 1.0, psi="mean"), trial(2, 0.5, psi="min"), trial(3, 0.75, psi="min")]
+TRIALS = [
+    trial(0, 1.0, psi="mean", seed=0),
+    trial(1, 1.0, psi="mean", seed=1),
+    trial(2, 1.0, psi="mean", seed=2),
+    trial(3, 0.5, psi="min", seed=0),
+    trial(4, 0.75, psi="min", seed=1),
+    trial(5, 0.6, psi="min", seed=2),
+]
 
 
 def test_judge_selects_the_condition_and_pools_its_seeds() -> None:
     rows = judge(CLAIMS, TRIALS, {"accuracy": "max", "baseline/majority": "max"})
-    assert rows[0]["ours"]["trials"] == ["t0", "t1"] and rows[0]["verdict"] == "reproduced"
+    assert rows[0]["ours"]["trials"] == ["t0", "t1", "t2"] and rows[0]["verdict"] == "reproduced"
     assert rows[0]["baseline"] == {"metric": "baseline/majority", "value": 0.5}
-    assert rows[1]["ours_versus"]["values"] == [0.5, 0.75] and rows[1]["verdict"] == "not learned"
+    assert rows[1]["ours_versus"]["values"] == [0.5, 0.75, 0.6] and rows[1]["verdict"] == "not learned"
+
+
+def test_a_claim_naming_a_weaker_baseline_is_judged_against_the_stronger_one() -> None:
+    """The claim names the unigram model; the trials also report the bigram model (the task declares both):
+    perplexity 100 ± 2 beats the unigram's 400, not the bigram's 80."""
+    trials = [
+        {"trial_id": f"t{i}", "config": {"seed": i}, "metrics": {"ppl": v, "baseline/uni": 400.0, "baseline/bi": 80.0}}
+        for i, v in enumerate([98.0, 100.0, 102.0])
+    ]
+    claim = {"id": "lm", "metric": "ppl", "paper": 100.0, "baseline": "baseline/uni"}
+    modes = {"ppl": "min", "baseline/uni": "min", "baseline/bi": "min"}
+    [row] = judge([claim], trials, modes, {"ppl": ("baseline/uni", "baseline/bi")})
+    assert row["verdict"] == "not learned" and row["baseline"] == {"metric": "baseline/bi", "value": 80.0}
+    assert row["baselines"] == {"baseline/uni": 400.0, "baseline/bi": 80.0}
+    # The same with no task declaration: the claim's own list is weighed whole.
+    [named] = judge([{**claim, "baselines": ["baseline/bi"]}], trials, modes)
+    assert named["verdict"] == "not learned" and named["baseline"]["metric"] == "baseline/bi"
+    table = claims_table({"claims": [row], "sweep": {}})
+    assert "80 (baseline/bi; strongest of 2)" in table
+
+
+def test_pooled_trials_that_differ_in_more_than_seeds_get_no_verdict() -> None:
+    trials = [trial(i, 1.0, psi="mean", seed=i, width=w) for i, w in enumerate([4, 8, 16])]
+    [row] = judge(CLAIMS[:1], trials, {"accuracy": "max", "baseline/majority": "max"})
+    assert row["verdict"] == "measured" and "differ in width" in row["why"], row["why"]
 
 
 def test_claims_file_round_trip_and_table() -> None:
@@ -158,17 +223,19 @@ def test_claims_file_round_trip_and_table() -> None:
     sweep = {"id": 7, "name": "xor-claims", "task": "tversky.xor", "parent_run_id": "abc", "finished_at": "now"}
     doc = read_claims(claims_json(sweep, rows))
     md = claims_markdown(doc).decode()
-    assert "| mean solves XOR | psi=mean | accuracy (higher is better) | 1 | 1 ± 0 (n = 2) |" in md
+    assert "| mean solves XOR | psi=mean | accuracy (higher is better) | 1 ± 0.05 | 1 ± 0 (n = 3) |" in md
     assert "**not learned**" in md and "parent run `abc`" in md and "The rule:" in md
 
 
 def test_read_claims_refuses_what_it_cannot_read() -> None:
     with pytest.raises(ValueError, match="not JSON"):
         read_claims(b"{", "x.json")
-    with pytest.raises(ValueError, match="format 2"):
-        read_claims(json.dumps({"format": 2}), "x.json")
+    with pytest.raises(ValueError, match="format 3"):
+        read_claims(json.dumps({"format": 3}), "x.json")
+    with pytest.raises(ValueError, match="format 1, this layerlab reads format 2; judge it again"):
+        read_claims(json.dumps({"format": 1}), "x.json")
     with pytest.raises(ValueError, match="lacks 'claims'"):
-        read_claims(json.dumps({"format": 1, "sweep": {}}), "x.json")
+        read_claims(json.dumps({"format": 2, "sweep": {}}), "x.json")
 
 
 def test_render_doc_fills_only_its_blocks_and_names_missing_files() -> None:
@@ -231,7 +298,8 @@ def test_a_valid_claim_parses() -> None:
         SPEC + "  - {id: a, text: t, metric: accuracy, where: {intersection: mean}, paper: 1.0, "
         "baseline: baseline/majority}\n"
     )
-    assert spec.claims[0].where == {"intersection": "mean"} and spec.claims[0].tolerance == 0.1
+    assert spec.claims[0].where == {"intersection": "mean"} and spec.claims[0].tolerance is None
+    assert spec.claims[0].replicates == ["seed"]
 
 
 @pytest.mark.parametrize(
@@ -255,6 +323,22 @@ def test_bad_claims_are_refused_with_their_path(claim: str, message: str) -> Non
     assert any(message in e for e in errors), errors
 
 
+def test_a_claim_that_pools_settings_is_refused_naming_the_keys_that_differ() -> None:
+    spec = SPEC.replace("space: {", "space: {features: {grid: [2, 4]}, lr: {loguniform: [0.01, 0.1]}, ")
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec + "  - {id: a, text: t, metric: accuracy, where: {intersection: mean}}\n")
+    assert info.value.errors == [
+        "claims[0].where: pools trials that differ in features, lr, not only in seed; fix them in where, or "
+        "declare independent replicates in `replicates`"
+    ]
+    fixed = "  - {id: a, text: t, metric: accuracy, where: {intersection: mean, features: 4, lr: 0.05}}\n"
+    assert parse_spec(spec + fixed).claims[0].where["features"] == 4  # every searched key but the seed fixed
+    replicated = (
+        "  - {id: a, text: t, metric: accuracy, where: {intersection: mean}, replicates: [seed, features, lr]}\n"
+    )
+    assert parse_spec(spec + replicated).claims[0].replicates == ["seed", "features", "lr"]
+
+
 def test_claim_ids_are_unique() -> None:
     errors = errors_of("  - {id: a, text: t, metric: accuracy}\n  - {id: a, text: u, metric: loss}\n")
     assert any("claims[1].id: 'a' is used twice" in e for e in errors), errors
@@ -273,13 +357,16 @@ def test_a_rate_over_one_trials_own_runs_is_judged_on_its_wilson_interval() -> N
     low, high = wilson_interval(2142, 4860)  # 0.441 of 4860: the XOR grid's product + substractmatch
     [near] = judge([{**base, "id": "a", "paper": 0.44}], [cell(2142 / 4860, 4860, psi="product")], modes)
     assert near["ours"]["low"] == pytest.approx(low) and near["ours"]["high"] == pytest.approx(high)
-    assert near["ours"]["runs"] == 4860 and near["verdict"] == "reproduced"
-    [near_enough] = judge([{**base, "id": "b", "paper": 0.47}], [cell(2142 / 4860, 4860, psi="product")], modes)
-    assert near_enough["verdict"] == "close"  # outside [0.427, 0.455], within 10% of 0.47
+    assert near["ours"]["runs"] == 4860 and near["verdict"] == "reproduced"  # inside 0.44 ± 0.022
+    [near_enough] = judge([{**base, "id": "b", "paper": 0.46}], [cell(2142 / 4860, 4860, psi="product")], modes)
+    assert near_enough["verdict"] == "close"  # outside [0.427, 0.455], the mean within 0.023 of 0.46
     [far] = judge([{**base, "id": "b", "paper": 0.53}], [cell(2142 / 4860, 4860, psi="product")], modes)
     assert far["verdict"] == "differs"
+    # Wilson is not empty at 0 ([0, 0.0008]): a band of 5% of 0 holds nothing, so the claim gives its own.
     [zero] = judge([{**base, "id": "c", "paper": 0.0}], [cell(0.0, 4860, psi="product")], modes | {"b": "max"})
-    assert zero["verdict"] == "reproduced"  # Wilson is not empty at 0: [0, 0.0008]
+    assert zero["verdict"] == "inconclusive"
+    [zero] = judge([{**base, "id": "c", "paper": 0.0, "tolerance_abs": 0.001}], [cell(0.0, 4860, psi="product")], modes)
+    assert zero["verdict"] == "reproduced"
     # Against a baseline: the low end must clear it; 3 of 10 runs ([0.108, 0.603]) does not clear 0.15.
     [weak] = judge(
         [{**base, "id": "d", "paper": 0.3, "baseline": "floor"}],
@@ -289,7 +376,7 @@ def test_a_rate_over_one_trials_own_runs_is_judged_on_its_wilson_interval() -> N
     assert weak["verdict"] == "not learned"
     # Without `count`, one trial is still one seed; with two trials `count` is not used.
     [one] = judge([{"id": "e", "metric": "rate", "paper": 0.44}], [cell(0.44, 4860)], modes)
-    assert one["verdict"] == "one seed" and "runs" not in one["ours"]
+    assert one["verdict"] == "measured" and "runs" not in one["ours"]
     two = [cell(0.40, 4860), {**cell(0.46, 4860), "trial_id": "t1"}]
     [pooled] = judge([{"id": "f", "metric": "rate", "count": "runs", "paper": 0.43}], two, modes)
     assert pooled["ours"]["n"] == 2 and "runs" not in pooled["ours"]
