@@ -145,9 +145,8 @@ def spec_of(name: str, sweeps: Path) -> Any:
     """The sweep YAML under `sweeps` whose name is `name` (parsed and checked, as `layerlab validate` would)."""
     import yaml
 
-    from service.spec import parse_spec
-
     from service.errors import SpecError
+    from service.spec import parse_spec
 
     for path in sorted(sweeps.rglob("*.yaml")):
         text = path.read_text()
