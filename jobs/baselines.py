@@ -105,3 +105,21 @@ def majority_accuracy(train_labels: torch.Tensor | Sequence[int], test_labels: t
         raise ValueError(f"majority_accuracy: needs training and test labels, got {len(train_t)} and {len(test_t)}")
     majority = int(torch.bincount(train_t).argmax())
     return (test_t == majority).double().mean().item()
+
+
+def nearest_mean_accuracy(
+    train_images: torch.Tensor, train_labels: torch.Tensor, test_images: torch.Tensor, test_labels: torch.Tensor
+) -> float:
+    """Test accuracy of the nearest class mean on the raw inputs: each test image takes the class whose mean
+    training image is nearest (Euclidean, pixels flattened; ties to the smaller class). A *simple* baseline: it
+    reads the input and fits one mean per class, with no learned features."""
+    if len(train_images) == 0 or len(test_images) == 0:
+        got = f"{len(train_images)} and {len(test_images)}"
+        raise ValueError(f"nearest_mean_accuracy: needs training and test images, got {got}")
+    x = train_images.reshape(len(train_images), -1).double().cpu()
+    y = torch.as_tensor(train_labels).long().cpu()
+    q = test_images.reshape(len(test_images), -1).double().cpu()
+    classes = torch.unique(y)
+    means = torch.stack([x[y == c].mean(dim=0) for c in classes])  # [C, P]
+    predicted = classes[torch.cdist(q, means).argmin(dim=1)]
+    return (predicted == torch.as_tensor(test_labels).long().cpu()).double().mean().item()

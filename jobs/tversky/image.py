@@ -18,8 +18,10 @@ puts the head on the pixels, whose weights the run draws in input space (jobs/tv
 Runs as one process or as a Ray Train job: the forward goes through `session.prepare_model` (DDP there) and
 each rank trains on its own shard of every epoch (jobs/data/sharding.py); `batch_size` is per rank.
 
-Baseline (jobs/baselines.py): `baseline/majority`, the test accuracy (a fraction, as test/accuracy) of always
-predicting the most frequent training class; the summary labels a head "not learned" at or below it.
+Baselines (jobs/baselines.py), test accuracies (fractions, as test/accuracy) on the same split: `baseline/majority`,
+always the most frequent training class (trivial); `baseline/nearest_mean`, the nearest class mean of the raw
+training pixels (simple: reads the input, learns no features). Claims on test/accuracy are judged against the
+stronger; the summary labels a head "not learned" at or below the majority class.
 
 Run alone: `python -m jobs run tversky.image --set head=linear --set epochs=1`.
 """
@@ -45,7 +47,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from jobs.baselines import majority_accuracy
+from jobs.baselines import majority_accuracy, nearest_mean_accuracy
 from jobs.config import check_fields
 from jobs.data.paths import DataPath
 from jobs.data.sharding import shard_indices
@@ -135,7 +137,13 @@ class ImageConfig:
             raise ValueError("pretrain_epochs: backbone none has nothing to train in stage one; set it to 0")
 
 
-METRICS = {"test/accuracy": "max", "test/loss": "min", "train/loss": "min", "baseline/majority": "max"}
+METRICS = {
+    "test/accuracy": "max",
+    "test/loss": "min",
+    "train/loss": "min",
+    "baseline/majority": "max",
+    "baseline/nearest_mean": "max",
+}
 
 
 def build_model(cfg: ImageConfig) -> ImageClassifier:
@@ -343,7 +351,10 @@ def train(cfg: ImageConfig, session: Session) -> None:
         pretrain = {k: stage_one[k] for k in ("accuracy", "seconds", "digest")}
     data = load_data(cfg, session)
     # --- baseline: from the labels alone, once (the same test split, the same units as test/accuracy)
-    baselines = {"baseline/majority": majority_accuracy(data.train_labels, data.test_labels)}
+    baselines = {
+        "baseline/majority": majority_accuracy(data.train_labels, data.test_labels),
+        "baseline/nearest_mean": nearest_mean_accuracy(*data.tensors()),
+    }
     model = session.prepare_model(raw_model)
     trainable = [p for p in raw_model.parameters() if p.requires_grad]
     optimizer, scheduler = _optimizer(cfg, trainable, cfg.epochs)
@@ -414,7 +425,7 @@ TASK = Task(
     build_model=build_model,
     example_input=example_input,
     metrics=METRICS,
-    baselines={"test/accuracy": ("baseline/majority",)},
+    baselines={"test/accuracy": ("baseline/majority", "baseline/nearest_mean")},
     summarize=summarize,
     description=(
         "Digits/MNIST with a torchvision ResNet-18/50 and a linear or Tversky head (tversky.md §3.2); "

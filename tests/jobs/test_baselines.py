@@ -14,6 +14,7 @@ from jobs.baselines import (
     bits,
     lm_baselines,
     majority_accuracy,
+    nearest_mean_accuracy,
     perplexity,
     unigram_nll,
     unigram_probs,
@@ -144,3 +145,20 @@ def test_not_learned_needs_the_interval_clear_of_the_baseline(
 def test_mode_must_be_min_or_max() -> None:
     with pytest.raises(ValueError, match="mode must be 'min' or 'max', got 'best'"):
         beats_baseline([1.0], 0.0, "best")
+
+
+def test_nearest_mean_matches_a_naive_loop() -> None:
+    gen = torch.Generator().manual_seed(0)
+    train_x, train_y = torch.rand(40, 1, 4, 4, generator=gen), torch.randint(0, 3, (40,), generator=gen)
+    train_x[train_y == 1] += 0.5  # class 1 brighter: the means differ
+    test_x, test_y = torch.rand(25, 1, 4, 4, generator=gen), torch.randint(0, 3, (25,), generator=gen)
+    means = {c: [sum(float(train_x[i].flatten()[p]) for i in range(40) if train_y[i] == c) / int((train_y == c).sum())
+                 for p in range(16)] for c in range(3)}  # fmt: skip
+    hits = 0
+    for i in range(25):
+        q = test_x[i].flatten().tolist()
+        dist = {c: sum((a - b) ** 2 for a, b in zip(q, means[c], strict=True)) for c in range(3)}
+        hits += min(dist, key=lambda c: (dist[c], c)) == int(test_y[i])
+    assert nearest_mean_accuracy(train_x, train_y, test_x, test_y) == pytest.approx(hits / 25)
+    with pytest.raises(ValueError, match="needs training and test images, got 0 and 25"):
+        nearest_mean_accuracy(train_x[:0], train_y[:0], test_x, test_y)

@@ -24,6 +24,7 @@ from jobs.sna.lorenz import (
     LorenzConfig,
     LorenzData,
     build_model,
+    linear_baseline,
     persistence_baseline,
     summarize,
     train,
@@ -222,6 +223,28 @@ def test_persistence_baseline_by_hand() -> None:
     assert got["baseline/persistence_vpt"] == pytest.approx(1 * 0.1 * 2.0)  # valid up to t = 1 step
     one_step = np.sqrt(np.mean(np.array([0.3, 0.3, 0.6]) ** 2))  # steps 0->1, 1->2, 2->3 in NRMSE units
     assert got["baseline/persistence_one_step_nrmse"] == pytest.approx(one_step, rel=1e-6)
+
+
+def test_the_linear_baseline_forecasts_a_linear_system_exactly() -> None:
+    """A rotation with drift is a linear one-step map: least squares finds it, so its rollout never leaves the
+    held-out trajectory (VPT = the whole horizon) and its one-step error is 0; persistence's is not."""
+    cfg = dataclasses.replace(TINY, dt=0.1, vpt_threshold=0.5)
+    angle = 0.3
+    a = np.array([[np.cos(angle), -np.sin(angle), 0.0], [np.sin(angle), np.cos(angle), 0.0], [0.0, 0.0, 1.0]])
+    b = np.array([0.1, -0.2, 0.05])
+    rng = np.random.default_rng(0)
+
+    def trajectories(m: int, length: int) -> np.ndarray:
+        xs = [rng.normal(size=(m, 3))]
+        for _ in range(length):
+            xs.append(xs[-1] @ a.T + b)
+        return np.stack(xs, axis=1)
+
+    data = LorenzData(train=trajectories(4, 20), test=trajectories(3, 30), lyapunov=2.0)
+    got = linear_baseline(cfg, data, torch.ones(3))
+    assert got["baseline/linear_vpt"] == pytest.approx(30 * 0.1 * 2.0)  # valid to the last step
+    assert got["baseline/linear_one_step_nrmse"] == pytest.approx(0.0, abs=1e-9)
+    assert persistence_baseline(cfg, data, torch.ones(3))["baseline/persistence_one_step_nrmse"] > 0.1
 
 
 def test_summarize_writes_a_table_and_a_plot() -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from pydantic import TypeAdapter, ValidationError
 
+from jobs.baselines import nearest_mean_accuracy
 from jobs.config import field_docs
 from jobs.layers.image_heads import ImageClassifier
 from jobs.layers.tversky import TverskyProjection
@@ -51,7 +52,9 @@ def test_registered() -> None:
     assert get_task("tversky.image") is TASK
     assert dict(TASK.metrics) == {
         "test/accuracy": "max", "test/loss": "min", "train/loss": "min", "baseline/majority": "max",
+        "baseline/nearest_mean": "max",
     }  # fmt: skip
+    assert TASK.baselines == {"test/accuracy": ("baseline/majority", "baseline/nearest_mean")}
     cfg = ImageConfig(image_size=16)
     x = example_input(cfg)
     assert x.dtype == torch.float32 and x.shape == (2, 1, 16, 16)
@@ -108,7 +111,7 @@ def test_tiny_run_takes_optimizer_steps(head: str) -> None:
     session = _run(cfg)
     (last,) = session.history
     assert set(last) == {"train/loss", "test/accuracy", "test/loss", "epoch", "params/total", "params/head", "table",
-                         "baseline/majority"}  # fmt: skip
+                         "baseline/majority", "baseline/nearest_mean"}  # fmt: skip
     assert last["epoch"] == 1 and 0.0 <= last["test/accuracy"] <= 1.0 and np.isfinite(last["train/loss"])
     # the majority baseline, by hand: the most frequent of the 48 training digits, its share of the 32 test ones
     data = load_images("digits", cfg.data_dir, False, 48, 32)
@@ -116,6 +119,7 @@ def test_tiny_run_takes_optimizer_steps(head: str) -> None:
     majority = int(np.flatnonzero(train_counts == train_counts.max())[0])
     assert last["baseline/majority"] == pytest.approx(float((data.test_labels.numpy() == majority).mean()))
     assert last["table"][0]["baseline_majority"] == last["baseline/majority"]
+    assert last["baseline/nearest_mean"] == pytest.approx(nearest_mean_accuracy(*data.tensors()))
     model = build_model(cfg)
     assert last["params/total"] == sum(p.numel() for p in model.parameters())
     assert last["params/head"] == sum(p.numel() for p in model.head.parameters()) < last["params/total"]
