@@ -394,8 +394,8 @@ def decide(row: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted({k for k, v in {**row["baselines"], **row.get("baselines_versus", {})}.items() if v is None})
     if row.get("pooled_differ") and verdict not in ("not measured", "not learned"):
         verdict, why = "measured", f"the pooled trials differ in {', '.join(row['pooled_differ'])}, not only in seeds"
-    elif unknown and verdict in ("reproduced", "close", "differs", "opposite"):
-        verdict = "inconclusive"
+    elif unknown and verdict in ("reproduced", "close", "differs", "opposite", "measured"):
+        verdict = "measured" if verdict == "measured" else "inconclusive"
         why = f"{why}; but {', '.join(unknown)} has no value here, so the strongest baseline is unknown: rerun"
     row |= {"verdict": verdict, "why": why}
     return row
