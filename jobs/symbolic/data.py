@@ -31,7 +31,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Union, cast
+from typing import TYPE_CHECKING, Any, Union, cast
 
 # torch is imported inside the functions that need it: the LTL generator runs in a child process that imports
 # this module for the formula helpers only, and without torch it starts in ~0.2 s instead of 2-7 s here.
@@ -228,6 +228,27 @@ def collate(
 
 
 # --- prefix formulas
+
+
+def polarities(tokens: Sequence[str], arity: Mapping[str, int]) -> dict[str, bool]:
+    """Each symbol of a prefix formula (a token that is not in `arity`) -> its polarity where it first occurs:
+    False under an odd number of enclosing `!`, else True. Other operators (xor, <->, X, U) do not flip it."""
+    out: dict[str, bool] = {}
+    frames: list[list[Any]] = []  # [operands still to read, the negation parity they inherit]
+    for t in tokens:
+        negated = bool(frames[-1][1]) if frames else False
+        k = arity.get(t, 0)
+        if k:
+            frames.append([k, negated ^ (t == "!")])
+            continue
+        if t not in arity:
+            out.setdefault(t, not negated)
+        while frames:  # a leaf closes every operator whose last operand it was
+            frames[-1][0] -= 1
+            if frames[-1][0]:
+                break
+            frames.pop()
+    return out
 
 
 def parse_prefix(tokens: Sequence[str], arity: Mapping[str, int], symbols: Collection[str]) -> Tree:

@@ -86,7 +86,7 @@ def baseline_scores(cfg: SymbolicConfig, sets: EvalSets, data: SymbolicData) -> 
     return {
         f"baseline/{part}{k}": v
         for part, examples in parts.items()
-        for k, v in constant_baselines(examples, data.constant, check).items()
+        for k, v in constant_baselines(examples, data.constant, check, data.rules).items()
     }
 
 

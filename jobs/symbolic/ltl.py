@@ -67,6 +67,7 @@ LTL = SymbolicData(
     generate=_generate_ltl,
     check=check_trace,
     constant=ltl_data.constant_trace,
+    rules={"polarity": ltl_data.polarity_trace},
     max_target_tokens=lambda cfg: cfg.max_trace_tokens,
     examples=(("U", "a", "X", "b"), ("&", "a", "X", "!", "b")),
     pool=ltl_data.APS,

@@ -24,7 +24,7 @@ import json
 import random
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jobs.symbolic.data import (
@@ -35,6 +35,7 @@ from jobs.symbolic.data import (
     Tree,
     Vocab,
     parse_prefix,
+    polarities,
     random_formula,
     simplify,
     to_prefix,
@@ -154,9 +155,21 @@ def constant_trace(tokens: Sequence[str], value: bool) -> list[str]:
     """The trivial baseline's witness: the lasso on which every AP of the formula is `value` at every step,
     `{ & & ! a ! b ! c }` (always false) or `{ & & a b c }` (always true): one step, the cycle, fixing every AP
     (`{ 1 }` would stand for every word, not one). A formula without APs gets `{ 1 }`."""
-    literals = [[a] if value else ["!", a] for a in formula_aps(tokens)]
+    return one_step_lasso(dict.fromkeys(formula_aps(tokens), value))
+
+
+def one_step_lasso(values: Mapping[str, bool]) -> list[str]:
+    """`{ & a ! b }`: the lasso of one step, repeated, fixing each AP to its value (`{ 1 }` with no AP)."""
+    literals = [[a] if value else ["!", a] for a, value in values.items()]
     step = ["&"] * (len(literals) - 1) + [t for lit in literals for t in lit] if literals else ["1"]
     return ["{", *step, "}"]
+
+
+def polarity_trace(tokens: Sequence[str]) -> list[str]:
+    """A witness rule that reads the formula and learns nothing: the one-step lasso on which every AP holds its
+    polarity where it first occurs (false under an odd number of `!`; X and U do not flip it) at every step,
+    `{ & a ! b }`; no search or check. A formula without APs gets `{ 1 }`."""
+    return one_step_lasso(polarities(tokens, ARITY))
 
 
 def to_spot_word(prefix: Sequence[Tree], cycle: Sequence[Tree]) -> str:

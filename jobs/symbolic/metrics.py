@@ -156,19 +156,27 @@ def alpha_covariance_by_count(
 
 
 def constant_baselines(
-    examples: Sequence[SymbolicExample], constant: Callable[[Sequence[str], bool], list[str]], check: Check
+    examples: Sequence[SymbolicExample],
+    constant: Callable[[Sequence[str], bool], list[str]],
+    check: Check,
+    rules: Mapping[str, Callable[[Sequence[str]], list[str]]] | None = None,
 ) -> dict[str, float]:
     """Correct of the constant policies that read nothing: {"all_false", "all_true", "constant_best"}.
     `constant(formula, value)` is the witness that sets every variable / AP of the formula to `value`
     (jobs.symbolic.prop_data.constant_assignment, jobs.symbolic.ltl_data.constant_trace); it is checked like a model's
     prediction, `check(formula, witness, target)`. constant_best counts a formula when either one satisfies
-    it: an oracle that picks the constant per formula, an upper bound on what a constant gets. NaN with no
-    examples."""
+    it: an oracle that picks the constant per formula, an upper bound on what a constant gets. `rules`: name ->
+    rule(formula), witness rules that read the formula and learn nothing (jobs.symbolic.prop_data.
+    polarity_assignment), each checked the same way. NaN with no examples."""
+    rules = rules or {}
     if not examples:
-        return {"all_false": math.nan, "all_true": math.nan, "constant_best": math.nan}
+        return dict.fromkeys(("all_false", "all_true", "constant_best", *rules), math.nan)
     hits = [[is_correct(check(ex.src, constant(ex.src, value), ex.tgt)) for value in (False, True)] for ex in examples]
-    return {
+    out = {
         "all_false": sum(f for f, _ in hits) / len(hits),
         "all_true": sum(t for _, t in hits) / len(hits),
         "constant_best": sum(f or t for f, t in hits) / len(hits),
     }
+    for name, rule in rules.items():
+        out[name] = sum(is_correct(check(ex.src, rule(ex.src), ex.tgt)) for ex in examples) / len(examples)
+    return out

@@ -112,6 +112,7 @@ PROP = SymbolicData(
     generate=_generate_prop,
     check=check_assignment,
     constant=prop_data.constant_assignment,
+    rules={"polarity": prop_data.polarity_assignment},
     max_target_tokens=lambda cfg: 2 * cfg.num_symbols,  # one (variable, value) pair per variable at most
     examples=(("&", "a", "!", "b"), ("xor", "a", "<->", "b", "c")),
     pool=prop_data.VARIABLES,

@@ -35,6 +35,7 @@ from jobs.symbolic.data import (
     Tree,
     Vocab,
     parse_prefix,
+    polarities,
     random_formula,
     simplify,
     to_prefix,
@@ -129,6 +130,12 @@ def constant_assignment(tokens: Sequence[str], value: bool) -> list[str]:
     """The trivial baseline's witness: every variable of the formula set to `value` (`a 0 b 0`), in order of
     first appearance; it reads nothing but the formula's names."""
     return assignment_tokens(dict.fromkeys(formula_variables(tokens), value))
+
+
+def polarity_assignment(tokens: Sequence[str]) -> list[str]:
+    """A witness rule that reads the formula and learns nothing: each variable takes its polarity where it first
+    occurs (false under an odd number of `!`, else true; jobs.symbolic.data.polarities), no search or check."""
+    return assignment_tokens(polarities(tokens, ARITY))
 
 
 def parse_assignment(tokens: Sequence[str]) -> dict[str, bool]:

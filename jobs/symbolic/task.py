@@ -153,6 +153,8 @@ class SymbolicData:
     """check(formula, prediction, target)."""
     constant: Callable[[Sequence[str], bool], list[str]]
     """constant(formula, value): the trivial baseline's witness, every variable / AP of the formula `value`."""
+    rules: dict[str, Callable[[Sequence[str]], list[str]]]
+    """name -> rule(formula): witness rules that read the formula's structure and learn nothing (baseline/NAME)."""
     max_target_tokens: Callable[[SymbolicConfig], int]
     examples: tuple[tuple[str, ...], ...]
     """Two hand-written formulas for example_input."""
@@ -175,13 +177,15 @@ class PaperData:
     """The target the paper's data has for a formula (None: we cannot rebuild it; exact_paper is NaN)."""
 
 
+WITNESS_RULES = ("polarity",)
+"""The formula-reading rules each symbolic task defines in SymbolicData.rules (the same names for both)."""
 ALPHA_KEYS = tuple(f"alpha_cov_{p}{n}" for p in ("", "pool_") for n in ALPHA_COUNTS)
 BASELINE_KEYS = tuple(
     f"baseline/{part}{k}"
     for part in ("", "open_vocab_", "heatmap_")
-    for k in ("all_false", "all_true", "constant_best")
+    for k in ("all_false", "all_true", "constant_best", *WITNESS_RULES)
 )
-"""The trivial baselines: on the test set, the grid's formulas with more symbols than training, the whole grid."""
+"""The baselines: on the test set, the grid's formulas with more symbols than training, the whole grid."""
 METRICS = {
     "correct": "max",
     "exact": "max",
@@ -194,12 +198,12 @@ METRICS = {
     "train/loss": "min",
 }
 METRIC_BASELINES = {
-    metric: (f"baseline/{part}constant_best",)
+    metric: tuple(f"baseline/{part}{k}" for k in ("constant_best", *WITNESS_RULES))
     for metric, part in (("correct", ""), ("open_vocab_correct", "open_vocab_"), ("heatmap_accuracy", "heatmap_"))
 }
-"""Task.baselines: per metric, the better of the two constant policies chosen per formula with the answer in
-hand, scored on the same formulas. It is at least all_false's and all_true's score by construction, so it is
-the strongest constant rule: an upper bound of what any constant policy scores."""
+"""Task.baselines, per metric, scored on the same formulas: the better of the two constant policies chosen per
+formula with the answer in hand (at least all_false's and all_true's score by construction: an upper bound of
+what any constant policy scores), and each witness rule that reads the formula (SymbolicData.rules)."""
 
 
 # --- model

@@ -20,6 +20,7 @@ from jobs.symbolic.data import (
     encode,
     make_example,
     parse_prefix,
+    polarities,
     rename,
     split,
     to_prefix,
@@ -99,6 +100,35 @@ def test_encoding_errors_name_the_problem() -> None:
 def test_prefix_round_trip(tree: object) -> None:
     tokens = to_prefix(tree)  # type: ignore[arg-type]
     assert parse_prefix(tokens, ARITY, {"a", "b"}) == tree
+
+
+def _naive_polarities(tree: object, negated: bool, out: dict[str, bool]) -> dict[str, bool]:
+    if isinstance(tree, str):
+        if tree not in ARITY:
+            out.setdefault(tree, not negated)
+        return out
+    op, *children = tree  # type: ignore[misc]
+    for child in children:
+        _naive_polarities(child, negated ^ (op == "!"), out)
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.recursive(
+        st.sampled_from(["a", "b", "c", "0", "1"]),
+        lambda c: st.tuples(st.sampled_from(["&", "|", "xor", "<->"]), c, c) | st.tuples(st.just("!"), c),
+        max_leaves=12,
+    )
+)
+def test_polarities_match_a_recursive_walk_of_the_tree(tree: object) -> None:
+    """The prefix scan gives each symbol the parity of the `!` above its first occurrence, as a walk does."""
+    assert polarities(to_prefix(tree), ARITY) == _naive_polarities(tree, False, {})  # type: ignore[arg-type]
+
+
+def test_polarities_by_hand() -> None:
+    assert polarities(["&", "a", "!", "|", "b", "!", "c"], ARITY) == {"a": True, "b": False, "c": True}
+    assert polarities(["!", "&", "a", "a"], ARITY) == {"a": False}  # the first occurrence decides
 
 
 @pytest.mark.parametrize(

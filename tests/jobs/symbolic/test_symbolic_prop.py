@@ -22,7 +22,7 @@ from jobs.runtime import LocalSession
 from jobs.symbolic import eval as symbolic_eval
 from jobs.symbolic import prop_data as propositional
 from jobs.symbolic.checkers import check_assignment
-from jobs.symbolic.data import EOS_ID, PAD_ID, collate, decode
+from jobs.symbolic.data import EOS_ID, PAD_ID, collate, decode, polarities
 from jobs.symbolic.eval import EvalSets, evaluate
 from jobs.symbolic.metrics import alpha_covariance_by_count, constant_baselines
 from jobs.symbolic.prop import PAPER_PROP, PROP, TASK, build_model, example_input, summarize, train
@@ -154,21 +154,27 @@ def test_grid_and_alpha_sets_are_apart_from_training_and_open_vocabulary() -> No
     assert all(tuple(ex.src) not in seen for ex in alpha)
 
 
+RULES = {"polarity": propositional.polarity_assignment}
+
+
 def test_baselines_are_the_constant_witnesses_on_the_evaluated_sets(tiny_run: LocalSession) -> None:
-    """baseline/* read nothing: the same at every report, and what the constant witnesses score on the same test
-    split as Correct and on the same grid, checked by the same checker."""
+    """baseline/* learn nothing: the same at every report, and what the constant witnesses and the polarity rule
+    score on the same test split as Correct and on the same grid, checked by the same checker."""
     train_set, test = make_data(TINY, PROP)
     grid = make_grid(TINY, PROP, train_set)
     beyond = [ex for n, _, ex in grid if n > TINY.num_symbols]
     expected = {
-        **{f"baseline/{k}": v for k, v in constant_baselines(test, constant_assignment, check_assignment).items()},
+        **{
+            f"baseline/{k}": v
+            for k, v in constant_baselines(test, constant_assignment, check_assignment, RULES).items()
+        },
         **{
             f"baseline/open_vocab_{k}": v
-            for k, v in constant_baselines(beyond, constant_assignment, check_assignment).items()
+            for k, v in constant_baselines(beyond, constant_assignment, check_assignment, RULES).items()
         },
         **{
             f"baseline/heatmap_{k}": v
-            for k, v in constant_baselines([g[2] for g in grid], constant_assignment, check_assignment).items()
+            for k, v in constant_baselines([g[2] for g in grid], constant_assignment, check_assignment, RULES).items()
         },
     }
     for h in tiny_run.history:
@@ -177,6 +183,8 @@ def test_baselines_are_the_constant_witnesses_on_the_evaluated_sets(tiny_run: Lo
     assert {k: row[k] for k in BASELINE_KEYS} == expected
     direct = [any(propositional.entails(ex.src, dict.fromkeys(ex.symbols, v)) for v in (False, True)) for ex in test]
     assert expected["baseline/constant_best"] == sum(direct) / len(test) > 0
+    by_polarity = [propositional.entails(ex.src, dict(polarities(ex.src, propositional.ARITY))) for ex in test]
+    assert expected["baseline/polarity"] == sum(by_polarity) / len(test)
 
 
 def test_evaluate_runs_the_papers_protocol_within_the_data_sets_names(monkeypatch: pytest.MonkeyPatch) -> None:
