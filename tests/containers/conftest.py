@@ -248,7 +248,7 @@ class ComposeStack:
         return out.stdout
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # down as soon as its tests end: up, it holds ~3 GB and a share of a core
 def compose_stack(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeStack]:
     folder = tmp_path_factory.mktemp("compose")
     (folder / "secrets").mkdir(mode=0o700)
