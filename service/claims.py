@@ -25,7 +25,9 @@ trials with a 95% Student-t interval (mean ± t(0.975, n-1)·s/√n), n the numb
    `reproduced` when our whole interval lies inside the band; `inconclusive` when the paper's value is inside
    our interval but the interval is wider than the band (the verdict says how many seeds the observed spread
    would need to decide); `close` when the paper's value is outside our interval and our mean inside the band;
-   else `differs`. With no paper value: `measured` (ours stands alone, beside its baselines).
+   else `differs`. With no paper value: `measured` (ours stands alone, beside its baselines). A paper value
+   that does not beat the strongest baseline and lies within its band of it reports a failure (XOR's gmean
+   converges in 0% of runs, the constant rule's 0): rule 3 is not asked of it.
 5. A comparison claim (`versus`: the paper's two numbers for two conditions; ours is the difference of the two
    means with a Welch interval): `inconclusive` when the interval holds 0 (with the seeds a side it would need
    to exclude 0 at the observed spread); `reproduced` when it excludes 0 with the paper's sign (the sizes are
@@ -197,6 +199,14 @@ def _too_few(e: Estimate) -> str | None:
     return None
 
 
+def is_failure(paper: float | None, baseline: float, mode: str, band: float) -> bool:
+    """The paper's value reports a failure: it does not beat the strongest baseline and lies within its own band
+    of it (XOR's gmean: 0% of runs converge, the constant rule's 0). Rule 3 is then not asked of ours."""
+    if paper is None or not (math.isfinite(baseline) and math.isfinite(band)):
+        return False
+    return (paper <= baseline if mode == "max" else paper >= baseline) and abs(paper - baseline) <= band
+
+
 def verdict_value(
     e: Estimate, baseline: float, mode: str, paper: float | None, band: float, baseline_name: str = "baseline"
 ) -> tuple[str, str]:
@@ -206,7 +216,8 @@ def verdict_value(
     few = _too_few(e)
     if few:
         return "measured", few
-    if not beats(e, baseline, mode):
+    failure = is_failure(paper, baseline, mode, band)
+    if not failure and not beats(e, baseline, mode):
         side = "above" if mode == "max" else "below"
         return "not learned", f"{_num(e.mean)} ± {_num(e.half)} is not {side} {baseline_name} {_num(baseline)}"
     if paper is None:
@@ -215,6 +226,8 @@ def verdict_value(
     gap = abs(e.mean - paper)
     inside = f"[{_num(e.low)}, {_num(e.high)}]"
     band_text = f"the band {_num(paper)} ± {_num(band)}"
+    if failure:  # the paper reports that the method does no better than a rule that learns nothing
+        band_text += " (the paper's value is a failure, not above the baseline: learning is not asked)"
     if paper - band <= e.low and e.high <= paper + band:
         return "reproduced", f"our interval {inside} lies inside {band_text}"
     if e.low <= paper <= e.high:

@@ -22,6 +22,7 @@ from service.claims import (
     claims_markdown,
     claims_table,
     estimate,
+    is_failure,
     judge,
     read_claims,
     render_doc,
@@ -152,7 +153,9 @@ def test_every_value_claim_gets_a_verdict_and_below_baseline_is_never_reproduced
     e = estimate(values)
     verdict, _ = verdict_value(e, baseline, mode, paper, band_width(paper) if paper else math.nan)
     assert verdict in VERDICTS
-    worse = e.n >= 3 and (e.mean <= baseline if mode == "max" else e.mean >= baseline)
+    band = band_width(paper) if paper else math.nan
+    failure = is_failure(paper, baseline, mode, band)  # the paper's own value is no better than the baseline
+    worse = e.n >= 3 and not failure and (e.mean <= baseline if mode == "max" else e.mean >= baseline)
     if worse:
         assert verdict == "not learned"
     if e.n < 3:
@@ -431,3 +434,17 @@ def test_pull_copies_the_parent_runs_code_tags_into_the_file(tmp_path: Path) -> 
     assert doc["claims"] == read_claims(claims_json(sweep, rows))["claims"]
     with pytest.raises(ValueError, match="has no summary/claims.json"):
         fetch_claims(client.create_run(experiment).info.run_id, uri)
+
+
+def test_a_paper_value_that_is_itself_a_failure_is_not_asked_to_be_learned() -> None:
+    """XOR's gmean converges in 0% of runs in the paper, the constant rule's 0: a run that also converges in 0%
+    reproduces the failure instead of being 'not learned'; one that converges often differs."""
+    cell = {"trial_id": "t0", "config": {}, "metrics": {"rate": 0.0, "runs": 4860, "baseline/zero": 0.0}}
+    claim = {"id": "g", "metric": "rate", "count": "runs", "paper": 0.0, "tolerance_abs": 0.005}
+    modes = {"rate": "max", "runs": "max", "baseline/zero": "max"}
+    [failed] = judge([claim], [cell], modes, {"rate": ("baseline/zero",)})
+    assert failed["verdict"] == "reproduced" and "learning is not asked" in failed["why"], failed["why"]
+    [converged] = judge(
+        [claim], [{**cell, "metrics": {**cell["metrics"], "rate": 0.3}}], modes, {"rate": ("baseline/zero",)}
+    )
+    assert converged["verdict"] == "differs"
