@@ -168,13 +168,17 @@ def list_sweeps(
 ) -> None:
     """List sweeps, newest first."""
     body = _api("GET", "/sweeps", params={"state": state} if state else None)
-    table = Table("id", "name", "task", "state", "prio", "trials", "best")
+    table = Table("id", "name", "task", "owner", "state", "prio", "trials", "best")
     for s in body["sweeps"]:
         t = s["trials"]
         best = "" if s["best_metric"] is None else f"{s['metric']['name']}={s['best_metric']:.4g}"
+        owner = s.get("owner") or "-"
+        if s.get("waiting"):  # fair share: among equal priorities, the owner with the fewest running goes first
+            owner += f" ({s['waiting'].get('owner_running', 0)} running)"
         table.add_row(
-            str(s["id"]), s["name"], s["task"], s["state"], str(s["priority"]), f"{t['finished']}/{t['total']}", best
-        )
+            str(s["id"]), s["name"], s["task"], owner, s["state"], str(s["priority"]), f"{t['finished']}/{t['total']}",
+            best,
+        )  # fmt: skip
     out.print(table)
 
 

@@ -19,9 +19,11 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    func,
+    select,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, aliased, mapped_column
 
 
 def utcnow() -> datetime:
@@ -214,3 +216,15 @@ class ApiToken(Base):
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+def owner_running(sweep: Any) -> Any:
+    """SQL: how many sweeps of `sweep`'s owner (a Sweep entity or alias) are running; sweeps without an owner
+    count as one owner. The claim order's fair share (service/queue.py QueueStore.claim)."""
+    other = aliased(Sweep)
+    return (
+        select(func.count())
+        .select_from(other)
+        .where(other.state == SweepState.running, other.owner.is_not_distinct_from(sweep.owner))
+        .scalar_subquery()
+    )

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from service.code_store import CodeArchives
 from service.errors import InvalidTransition, LeaseLost, SweepNotFound
-from service.models import TERMINAL, Event, Sweep, SweepState, TrialState, utcnow
+from service.models import TERMINAL, Event, Sweep, SweepState, TrialState, owner_running, utcnow
 from service.routing import Need, Node, fits_sql
 from service.spec import SweepSpec, spec_to_yaml
 from service.store_base import waits_out_outages
@@ -227,20 +227,31 @@ class QueueStore(TrialLedger, WorkerRows, CodeArchives):
             log.warning("%s sweep %s: %s", action, sweep.id, lost, extra={"action": action, "job_id": sweep.id})
         return n
 
-    def claim(self, worker_id: str, lease_seconds: float, offer: Sequence[Node] | None = None) -> Claim | None:
-        """Take the queued sweep with the highest priority, oldest first; None if there is none.
+    def claim(
+        self,
+        worker_id: str,
+        lease_seconds: float,
+        offer: Sequence[Node] | None = None,
+        max_running_per_user: int | None = None,
+    ) -> Claim | None:
+        """Take the next queued sweep, None if there is none. The order (README "Fair share"): the highest
+        priority; among equals, the sweep of the owner with the fewest running sweeps; among those, the oldest.
 
         `offer`: the nodes of the worker's Ray cluster (service.routing). Given, only a sweep whose trials
-        they can hold is taken, and the worker's heartbeat row records them; None takes any sweep."""
+        they can hold is taken, and the worker's heartbeat row records them; None takes any sweep.
+        `max_running_per_user`: an owner with this many running sweeps gets no more until one ends."""
         with self.session() as s, s.begin():
             self.reclaim_expired(s, lease_seconds)
             s.flush()
+            running = owner_running(Sweep)
             q = (
                 select(Sweep)
                 .where(Sweep.state == SweepState.queued)
-                .order_by(Sweep.priority.desc(), Sweep.submitted_at, Sweep.id)
+                .order_by(Sweep.priority.desc(), running, Sweep.submitted_at, Sweep.id)
                 .limit(1)
             )
+            if max_running_per_user is not None:
+                q = q.where(running < max_running_per_user)
             if offer is not None:
                 q = q.where(fits_sql(offer, Sweep.need_cpus, Sweep.need_gpus, Sweep.need_workers, self._floor))
             if self.is_postgres:

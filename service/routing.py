@@ -94,6 +94,8 @@ class Waiting(BaseModel):
     """Workers heard from in the last 5 minutes."""
     workers_able: int
     """Those whose Ray cluster can hold the sweep's trials (busy or not)."""
+    owner_running: int = 0
+    """Running sweeps of its owner now: among equal priorities, the owner with fewer goes first (fair share)."""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,12 @@ class Settings(BaseSettings):
     max_attempts: int = Field(
         default=5, ge=1, description="Claims of one sweep before it fails, for a spec that names no max_attempts."
     )
+    max_running_per_user: int | None = Field(
+        default=None,
+        ge=1,
+        description="Running sweeps one owner may have at once; their next sweep waits while others' run "
+        '(README "Fair share"). Unlimited when unset.',
+    )
     max_body_bytes: int = Field(default=256 * 1024, gt=0)
     allow_code: bool = Field(
         default=True,

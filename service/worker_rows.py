@@ -16,7 +16,7 @@ from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from service.models import QueueWorker, Sweep, SweepState, utcnow
+from service.models import QueueWorker, Sweep, SweepState, owner_running, utcnow
 from service.routing import LIVE_SECONDS, Need, Node, SeenWorker, Waiting, waiting
 from service.store_base import StoreBase
 
@@ -60,18 +60,30 @@ class WorkerRows(StoreBase):
     def waiting(self, sweep: Any, seen: list[SeenWorker] | None = None) -> Waiting:
         """What a queued sweep (the ORM row or service.reads' row) waits for; `seen`: live_workers(), when
         the caller asks for several sweeps."""
-        ahead = select(func.count()).where(
-            Sweep.state == SweepState.queued,
-            or_(
-                Sweep.priority > sweep.priority,
-                and_(Sweep.priority == sweep.priority, Sweep.submitted_at < sweep.submitted_at),
-                and_(Sweep.priority == sweep.priority, Sweep.submitted_at == sweep.submitted_at, Sweep.id < sweep.id),
-            ),
+        mine = select(func.count()).where(
+            Sweep.state == SweepState.running, Sweep.owner.is_not_distinct_from(sweep.owner)
         )
         with self.session() as s:
+            running = int(s.scalar(mine) or 0)
+            theirs = owner_running(Sweep)  # the claim order (QueueStore.claim), as it stands now
+            ahead = select(func.count()).where(
+                Sweep.state == SweepState.queued,
+                or_(
+                    Sweep.priority > sweep.priority,
+                    and_(Sweep.priority == sweep.priority, theirs < running),
+                    and_(Sweep.priority == sweep.priority, theirs == running, Sweep.submitted_at < sweep.submitted_at),
+                    and_(
+                        Sweep.priority == sweep.priority,
+                        theirs == running,
+                        Sweep.submitted_at == sweep.submitted_at,
+                        Sweep.id < sweep.id,
+                    ),
+                ),
+            )
             n_ahead = int(s.scalar(ahead) or 0)
         need = Need(cpus=sweep.need_cpus, gpus=sweep.need_gpus, workers=sweep.need_workers)
-        return waiting(need, self.live_workers() if seen is None else seen, n_ahead)
+        found = waiting(need, self.live_workers() if seen is None else seen, n_ahead)
+        return found.model_copy(update={"owner_running": running})
 
     def running_leases(self) -> list[tuple[int, str | None]]:
         """(sweep id, lease holder) of every running sweep."""

@@ -151,7 +151,9 @@ class Worker:
                     take_over_dead_local_leases(self.store)
                 # Only sweeps this worker's Ray cluster can hold (service.routing); the claim is its heartbeat.
                 offer = self.offer.nodes(ensure_ray)
-                claim = self.store.claim(self.worker_id, self.settings.lease_seconds, offer)
+                claim = self.store.claim(
+                    self.worker_id, self.settings.lease_seconds, offer, self.settings.max_running_per_user
+                )
             except Exception as exc:  # database down: keep polling, reconnect by itself
                 log.warning("claim failed (%s); retrying in %.0fs", exc, self.settings.poll_seconds)
                 self.shutdown.wait(self.settings.poll_seconds)

@@ -14,6 +14,7 @@ from sqlalchemy import select
 from service.errors import InvalidTransition, LeaseLost, SweepNotFound
 from service.models import Event, SweepState, TrialState
 from service.queue import Claim, QueueStore
+from service.routing import SeenWorker
 from service.spec import SweepSpec
 
 MakeSpec = Callable[..., SweepSpec]
@@ -70,6 +71,35 @@ def test_higher_priority_first_then_fifo(store: QueueStore, make_spec: MakeSpec)
     while (got := store.claim("w1", 30)) is not None:
         claimed.append(got.sweep_id)
     assert claimed == [ids[n] for n in ("top", "high", "mid-a", "mid-b", "mid-c", "low", "zero")]
+
+
+def test_fair_share_one_users_twenty_sweeps_do_not_hold_back_anothers_one(
+    store: QueueStore, make_spec: MakeSpec
+) -> None:
+    """Among equal priorities the owner with the fewest running sweeps goes first: bob's one sweep, submitted after
+    alice's twenty, starts second, not twenty-first; priority still comes first."""
+    alice = [store.submit(make_spec(f"alice-{i}"), owner="alice").id for i in range(20)]
+    bob = store.submit(make_spec("bob-0"), owner="bob").id
+    urgent = store.submit(make_spec("alice-urgent", priority=90), owner="alice").id
+    queued = {s.id: s for s in store.list_sweeps("queued", limit=100, offset=0)}
+    assert store.waiting(queued[bob], []).owner_running == 0
+    order = [claim(store, f"w{i}", 30).sweep_id for i in range(4)]
+    assert order == [urgent, bob, alice[0], alice[1]]  # alice 1 running, bob 0: bob before alice's oldest
+    # What `waiting` says of a queued sweep follows the same order: alice's next has none ahead of it.
+    queued = {s.id: s for s in store.list_sweeps("queued", limit=100, offset=0)}
+    able = [SeenWorker("w9", [{"cpus": 64, "gpus": 0}], None)]
+    said = store.waiting(queued[alice[2]], able)
+    assert said.owner_running == 3 and said.message.endswith("; 0 queued sweeps ahead of it"), said.message
+    assert store.waiting(queued[alice[3]], able).message.endswith("; 1 queued sweep ahead of it")
+
+
+def test_a_per_user_limit_holds_an_owners_next_sweep_while_others_run(store: QueueStore, make_spec: MakeSpec) -> None:
+    first = [store.submit(make_spec(f"alice-{i}"), owner="alice").id for i in range(3)]
+    bob = store.submit(make_spec("bob-0"), owner="bob").id
+    got = [claim(store, f"w{i}", 30).sweep_id for i in range(2)]
+    assert got == [first[0], bob]
+    assert store.claim("w9", 30, max_running_per_user=1) is None  # alice has 1 running, bob's queue is empty
+    assert store.claim("w9", 30, max_running_per_user=2).sweep_id == first[1]  # type: ignore[union-attr]
 
 
 def test_claim_takes_a_lease(store: QueueStore, make_spec: MakeSpec) -> None:
