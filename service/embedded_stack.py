@@ -75,9 +75,28 @@ class StackState:
         tmp.replace(path)  # a reader never sees half a file
 
     def alive(self) -> dict[str, bool]:
-        """keeper and each part -> whether it runs now."""
-        found = {"keeper": self.keeper is not None and local_ray.running(self.keeper)}
-        return found | {name: local_ray.running(p.pid) for name, p in self.parts.items()}
+        """keeper and each part -> whether it runs now (part_alive)."""
+        found = {"keeper": self.keeper is not None and local_ray.alive(self.keeper)}
+        return found | {name: part_alive(name, p.pid) for name, p in self.parts.items()}
+
+
+def part_alive(name: str, pid: int) -> bool:
+    """A part runs while its leader lives; the Ray head, whose `ray start` exits once the node is up, while its
+    process group has a live member."""
+    return local_ray.running(pid) if name == "ray" else local_ray.alive(pid)
+
+
+def end_group(pgid: int, grace_s: float = 10.0) -> None:
+    """SIGTERM to what is left of a part's process group, SIGKILL after `grace_s`: a child its dead leader left
+    (the MLflow server's uvicorn) would hold the part's port against the part started again."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            return
+        deadline = time.monotonic() + grace_s
+        while local_ray.running(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def mlflow_server_cmd(settings: Settings, port: int) -> list[str]:
@@ -160,8 +179,10 @@ class Keeper:
 
     def start(self, name: str) -> None:
         """Start the part now and record it (its log: <home>/logs/<name>.log, appended)."""
-        log_file = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         earlier = self.state.parts.get(name)
+        if earlier is not None and name != "ray":
+            end_group(earlier.pid)
+        log_file = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         if name == "ray":
             port, cpus = self.state.ports["ray"], self.settings.ray_num_cpus
             head = local_ray.start_head(port, cpus, ray_env(self.env), log_file)
@@ -182,7 +203,7 @@ class Keeper:
         child = self.children.get(name)
         if child is not None:
             child.poll()  # reaps it if it died
-        return local_ray.running(self.state.parts[name].pid)
+        return part_alive(name, self.state.parts[name].pid)
 
     def start_missing(self) -> list[str]:
         """Start each part that does not run (in ORDER); returns their names."""
@@ -249,8 +270,29 @@ class Keeper:
                     return
                 try:
                     self.start(name)
+                    if name == "ray" and "worker" in self.state.parts and self.running("worker"):
+                        log.warning("the Ray head started again: starting the worker again (it joined the old head)")
+                        self.stop_worker()
+                        self.start("worker")
                 except (OSError, RuntimeError) as exc:  # tried again at the next pass, after a longer pause
                     log.error("could not start %s again: %s", name, exc)
+
+    def stop_worker(self, grace_s: float = 30.0) -> None:
+        """SIGTERM to the worker's supervisor, which passes it on to its worker (the sweep goes back to the
+        queue); whatever is left after `grace_s` is killed, the worker's own process group included."""
+        supervisor = self.state.parts["worker"].pid
+        child = self.settings.home_abs / "worker.pid"
+        worker = int(child.read_text()) if child.exists() and child.read_text().strip().isdigit() else None
+        try:
+            os.kill(supervisor, signal.SIGTERM)
+        except OSError:
+            pass
+        deadline = time.monotonic() + grace_s
+        while self.running("worker") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        end_group(supervisor, 5.0)
+        if worker is not None:
+            end_group(worker, 5.0)
 
     def stop(self, *_: Any) -> None:
         self.stopping.set()

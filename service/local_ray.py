@@ -82,6 +82,17 @@ def running(pgid: int) -> bool:
     return False
 
 
+def alive(pid: int) -> bool:
+    """Whether the process itself lives (a zombie does not), whatever its group holds: a part whose leader died
+    is dead even where a child it left (the MLflow server's uvicorn) still runs in its group."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    proc = Path("/proc")
+    return not proc.is_dir() or _state(proc / str(pid)) not in (None, "Z")
+
+
 def _state(entry: Path, pgid: int | None = None) -> str | None:
     """The process's state letter from /proc/PID/stat (None if it is gone, or not in group `pgid`)."""
     try:

@@ -187,6 +187,27 @@ def test_a_stopped_part_starts_again_and_up_starts_only_what_is_missing(tmp_path
         # The worker never stopped: the sweep submitted at the start finishes.
         done = subprocess.run([LAYERLAB, "watch", str(sweep_id)], env=env, timeout=300, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
+
+        # kill -9 of the MLflow server's leader alone leaves its uvicorn child serving in the group: `status` says
+        # the part is not running (its pid is dead), and the keeper ends the orphan and starts the part again.
+        before = _stack_pids(tmp_path)
+        assert len(_group(before["mlflow"])) > 1, "the MLflow server runs its uvicorn as a child"
+        os.kill(before["mlflow"], signal.SIGKILL)
+        wait_until(lambda: _stack_pids(tmp_path)["mlflow"] != before["mlflow"], 60, "the keeper to start MLflow again")
+        wait_until(lambda: not _group(before["mlflow"]), 30, "the orphaned uvicorn to be ended")
+        wait_until(lambda: _answers(f"http://127.0.0.1:{ports[3]}/health"), 120, "MLflow to answer again")
+
+        # The Ray head killed: the keeper starts it again, then the worker, which had joined the old head; a sweep
+        # submitted after that runs on the new head.
+        os.killpg(before["ray"], signal.SIGKILL)
+        wait_until(lambda: _stack_pids(tmp_path)["worker"] != before["worker"], 180, "the keeper to restart the worker")
+        state = json.loads((tmp_path / "up.json").read_text())["parts"]
+        assert state["ray"]["restarts"] == 1 and state["worker"]["restarts"] == 1, state
+        again = subprocess.run(
+            [LAYERLAB, "submit", str(spec), "--wait"], env=env, timeout=300, capture_output=True, text=True
+        )
+        assert again.returncode == 0, again.stdout + again.stderr
+        pids.update({f"{name}-again": pid for name, pid in before.items()}, **_stack_pids(tmp_path))
         subprocess.run([LAYERLAB, "down"], env=env, check=True, timeout=120, capture_output=True)
         left = {name: _group(pgid) for name, pgid in pids.items() if _group(pgid)}
         assert not left, f"processes left after `layerlab down`: {left}"
