@@ -24,7 +24,6 @@ from service import cli_views as views
 from service.cli_claims import claims_app
 from service.errors import SpecError
 from service.settings import Settings, get_settings
-from workers.supervisor import STANDBY_FLAG
 
 if TYPE_CHECKING:  # the CLI imports SQLAlchemy only for the commands that need it
     from service.tokens import TokenStore
@@ -403,47 +402,15 @@ def serve(
         )
 
 
-@app.command()
-def worker(
-    once: Annotated[bool, typer.Option("--once", help="Run one sweep, then exit.")] = False,
-    exit_when_idle: Annotated[bool, typer.Option("--exit-when-idle", help="Exit when the queue is empty.")] = False,
-    worker_id: Annotated[str | None, typer.Option(help="Defaults to host:boot-id:pid:random.")] = None,
-    supervise: Annotated[
-        bool,
-        typer.Option(
-            "--supervise",
-            help="Run the worker as a child process and start a new one whenever it dies (`layerlab up` does); "
-            "the new one takes over the dead one's sweep at once. Its pid is in <home>/worker.pid.",
-        ),
-    ] = False,
-    standby: Annotated[
-        bool, typer.Option(STANDBY_FLAG, hidden=True, help="Load everything, then wait for 'go' on stdin.")
-    ] = False,
-) -> None:
-    """Claim sweeps and run them on Ray (local Ray unless RAY_ADDRESS is set)."""
-    from workers.worker import Worker
-
-    _setup_logging()
-    if standby:  # the supervisor's spare worker (workers/supervisor.py)
-        from workers.supervisor import wait_for_go
-        from workers.worker import warm_up
-
-        warm_up(get_settings())
-        if not wait_for_go():
-            return
-    if supervise:
-        from workers.supervisor import supervise as run_supervised
-
-        if worker_id:
-            raise _fail("--supervise starts workers with their own ids; leave out --worker-id")
-        command = [sys.executable, "-m", "service.cli", "worker"]
-        command += ["--once"] if once else []
-        command += ["--exit-when-idle"] if exit_when_idle else []
-        get_settings().home_abs.mkdir(parents=True, exist_ok=True)
-        raise typer.Exit(run_supervised(command, get_settings().home_abs / "worker.pid"))
-    w = Worker(get_settings(), worker_id=worker_id)
-    w.install_signal_handlers()
-    w.run(once=once, exit_when_idle=exit_when_idle)
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def worker(ctx: typer.Context) -> None:
+    """Claim sweeps and run them on Ray (local Ray unless RAY_ADDRESS is set): `python -m workers`, with the
+    same options (--once, --exit-when-idle, --worker-id ID, --supervise; `layerlab worker --help` lists them).
+    The process becomes the worker (exec: the same pid), so the service never imports the workers."""
+    os.execv(sys.executable, [sys.executable, "-m", "workers", *ctx.args])
 
 
 @app.command()

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 from service import local_ray
-from service.settings import Settings
+from service.settings import RAY_ENV_DEFAULTS, WORKER_ENV_DEFAULTS, Settings
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,6 @@ def mlflow_server_cmd(settings: Settings, port: int) -> list[str]:
 
 def ray_env(env: dict[str, str]) -> dict[str, str]:
     """The worker's environment for the head: Ray's trial processes inherit the head's, not the driver's."""
-    from workers.worker import RAY_ENV_DEFAULTS, WORKER_ENV_DEFAULTS
-
     return {**RAY_ENV_DEFAULTS, **WORKER_ENV_DEFAULTS, **env}
 
 
@@ -164,13 +162,12 @@ class Keeper:
         return [p for p in ORDER if p != "ray" or not self.settings.ray_address]
 
     def _command(self, name: str) -> list[str]:
-        me = [sys.executable, "-m", "service.cli"]
         ports = self.state.ports
         if name == "mlflow":
             return mlflow_server_cmd(self.settings, ports["mlflow"])
         if name == "api":
-            return [*me, "serve", "--port", str(ports["api"])]
-        return [*me, "worker", "--supervise"]
+            return [sys.executable, "-m", "service.cli", "serve", "--port", str(ports["api"])]
+        return [sys.executable, "-m", "workers", "--supervise"]
 
     def _worker_env(self) -> dict[str, str]:
         if self.settings.ray_address:

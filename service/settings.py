@@ -9,6 +9,29 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# The worker's runtime environment: set in every worker process (workers/worker.py) and in the embedded Ray head,
+# whose trial processes inherit the head's environment, not the driver's (service/embedded_stack.py ray_env).
+RAY_ENV_DEFAULTS = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",
+    # Tune's default per-trial loggers, less TensorBoard's: the sweep's metrics are in MLflow, and the
+    # TensorBoard files cost the driver ~5% of its loop (benchmarks/service_overhead.py). The JSON and
+    # CSV loggers are named in the RunConfig (Tune's ResultGrid reads their files).
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+    "TUNE_MAX_PENDING_TRIALS_PG": "8",
+    # How often Tune saves its experiment state (its default "auto" waits 10 s or more). A save a few
+    # seconds behind costs only repeated work after a kill: the ledger holds every end and checkpoint.
+    "TUNE_GLOBAL_CHECKPOINT_S": "5",
+    # Ctrl-C reaches the worker's own handler (a stop request, acted on by the callback) instead of Tune's.
+    "TUNE_DISABLE_SIGINT_HANDLER": "1",
+}
+WORKER_ENV_DEFAULTS = {
+    # MLflow's HTTP client retries a refused request for about 4 minutes by default, while a Tune callback
+    # that waits on it holds up every trial; the tracker keeps such writes back and delivers them later.
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+}
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LAYERLAB_", extra="ignore")

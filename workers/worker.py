@@ -24,7 +24,7 @@ from service.data_paths import data_path_errors
 from service.errors import LeaseLost, SpecError, failure_reason
 from service.models import TrialState
 from service.queue import Claim, QueueStore
-from service.settings import Settings
+from service.settings import RAY_ENV_DEFAULTS, WORKER_ENV_DEFAULTS, Settings
 from service.spec import SweepSpec, parse_spec
 from workers.offer import ClusterOffer
 from workers.stop import StopRequests
@@ -33,26 +33,6 @@ from workers.supervisor import local_worker_id, take_over_dead_local_leases
 log = logging.getLogger(__name__)
 
 # Defaults for Ray and Tune in a worker; an operator's environment wins.
-RAY_ENV_DEFAULTS = {
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "disabled",
-    # Tune's default per-trial loggers, less TensorBoard's: the sweep's metrics are in MLflow, and the
-    # TensorBoard files cost the driver ~5% of its loop (benchmarks/service_overhead.py). The JSON and
-    # CSV loggers are named in the RunConfig (Tune's ResultGrid reads their files).
-    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
-    "TUNE_MAX_PENDING_TRIALS_PG": "8",
-    # How often Tune saves its experiment state (its default "auto" waits 10 s or more). A save a few
-    # seconds behind costs only repeated work after a kill: the ledger holds every end and checkpoint.
-    "TUNE_GLOBAL_CHECKPOINT_S": "5",
-    # Ctrl-C reaches the worker's own handler (a stop request, acted on by the callback) instead of Tune's.
-    "TUNE_DISABLE_SIGINT_HANDLER": "1",
-}
-WORKER_ENV_DEFAULTS = {
-    # MLflow's HTTP client retries a refused request for about 4 minutes by default, while a Tune callback
-    # that waits on it holds up every trial; the tracker keeps such writes back and delivers them later.
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-}
 DB_OUTAGE_SECONDS = 900.0
 """How long the worker's queue writes wait out an unreachable database (a restart, a failover) before
 the sweep fails. Meanwhile Tune's controller waits in the progress callback; the lease survives a
