@@ -24,6 +24,7 @@ from service import cli_views as views
 from service.cli_claims import claims_app
 from service.errors import SpecError
 from service.settings import Settings, get_settings
+from service.states import TERMINAL
 
 if TYPE_CHECKING:  # the CLI imports SQLAlchemy only for the commands that need it
     from service.tokens import TokenStore
@@ -48,7 +49,6 @@ ENV_VARS = (
 log = logging.getLogger(__name__)
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def _setup_logging(level: str = "INFO") -> None:

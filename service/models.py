@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,36 +24,19 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, aliased, mapped_column
 
+# The states live in service/states.py (no SQLAlchemy: the CLI reads them); re-exported for the store's callers.
+from service.states import TERMINAL as TERMINAL
+from service.states import TRANSITIONS as TRANSITIONS
+from service.states import TRIAL_ENDED as TRIAL_ENDED
+from service.states import SweepEvent as SweepEvent
+from service.states import SweepState as SweepState
+from service.states import TrialState as TrialState
+from service.states import next_state as next_state
+
 
 def utcnow() -> datetime:
     """Naive UTC: SQLite keeps no time zone, and every comparison in SQL is then like with like."""
     return datetime.now(UTC).replace(tzinfo=None)
-
-
-class SweepState(enum.StrEnum):
-    queued = "queued"
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    cancelled = "cancelled"
-
-
-TERMINAL = (SweepState.succeeded, SweepState.failed, SweepState.cancelled)
-
-
-class TrialState(enum.StrEnum):
-    pending = "pending"
-    running = "running"
-    terminated = "terminated"
-    error = "error"
-    cancelled = "cancelled"
-    """Stopped unfinished by a cancel of its sweep; `resume` runs it on from its last checkpoint."""
-    lost = "lost"
-    """Started after Tune's last saved state under a searcher that does not make it again (Optuna, unseeded
-    random): a restore cannot continue it, the searcher suggests another trial instead."""
-
-
-TRIAL_ENDED = (TrialState.terminated, TrialState.error, TrialState.cancelled, TrialState.lost)
 
 
 class Base(DeclarativeBase):

@@ -22,8 +22,18 @@ from sqlalchemy import Table, func, select, update
 from sqlalchemy.orm import Session
 
 from service.code_store import CodeArchives
-from service.errors import InvalidTransition, LeaseLost, SweepNotFound
-from service.models import TERMINAL, Event, Sweep, SweepState, TrialState, owner_running, utcnow
+from service.errors import LeaseLost, SweepNotFound
+from service.models import (
+    TERMINAL,
+    Event,
+    Sweep,
+    SweepEvent,
+    SweepState,
+    TrialState,
+    next_state,
+    owner_running,
+    utcnow,
+)
 from service.routing import Need, Node, fits_sql
 from service.spec import SweepSpec, spec_to_yaml
 from service.store_base import waits_out_outages
@@ -119,15 +129,13 @@ class QueueStore(TrialLedger, WorkerRows, CodeArchives):
         """A queued sweep is cancelled at once; a running one is flagged and its worker stops it."""
         with self.session() as s, s.begin():
             sweep = self._locked(s, sweep_id)
-            if sweep.state in TERMINAL:
-                raise InvalidTransition(sweep_id, sweep.state, "cancel")
-            if sweep.state == SweepState.queued:
-                sweep.state, sweep.finished_at = SweepState.cancelled.value, utcnow()
-                sweep.reason = "cancelled before it started"
-                s.add(Event(sweep_id=sweep_id, action="cancel", detail="while queued"))
-            else:
+            if sweep.state == SweepState.running:  # a request: its worker makes the move (SweepEvent.stop)
                 sweep.cancel_requested = True
                 s.add(Event(sweep_id=sweep_id, action="cancel_request", detail=f"worker {sweep.worker_id}"))
+            else:
+                sweep.state = next_state(sweep_id, sweep.state, SweepEvent.cancel).value
+                sweep.finished_at, sweep.reason = utcnow(), "cancelled before it started"
+                s.add(Event(sweep_id=sweep_id, action="cancel", detail="while queued"))
         log.info("cancel sweep %s", sweep_id, extra={"action": "cancel", "job_id": sweep_id})
         return sweep
 
@@ -138,11 +146,10 @@ class QueueStore(TrialLedger, WorkerRows, CodeArchives):
         (max_attempts grows instead): a worker of an earlier attempt stays fenced out."""
         with self.session() as s, s.begin():
             sweep = self._locked(s, sweep_id)
-            if sweep.state not in (SweepState.failed, SweepState.cancelled):
-                raise InvalidTransition(sweep_id, sweep.state, "resume", "only a failed or cancelled sweep resumes")
-            fresh = attempts or SweepSpec.model_validate(sweep.spec).max_attempts or DEFAULT_MAX_ATTEMPTS
             was = sweep.state
-            sweep.state, sweep.reason, sweep.finished_at = SweepState.queued.value, None, None
+            sweep.state = next_state(sweep_id, was, SweepEvent.resume).value
+            fresh = attempts or SweepSpec.model_validate(sweep.spec).max_attempts or DEFAULT_MAX_ATTEMPTS
+            sweep.reason, sweep.finished_at = None, None
             sweep.cancel_requested, sweep.mlflow_closed = False, False
             sweep.max_attempts = sweep.attempts + fresh
             s.add(Event(sweep_id=sweep_id, action="resume", detail=f"was {was}; {fresh} more attempts"))
@@ -212,16 +219,16 @@ class QueueStore(TrialLedger, WorkerRows, CodeArchives):
             n += 1
             lost = f"worker {sweep.worker_id} stopped renewing its lease (attempt {sweep.attempts})"
             if sweep.cancel_requested:
-                sweep.state, sweep.reason = SweepState.cancelled.value, f"cancelled; {lost}"
-                sweep.finished_at = now
+                sweep.state = next_state(sweep.id, sweep.state, SweepEvent.stop).value
+                sweep.reason, sweep.finished_at = f"cancelled; {lost}", now
                 action = "cancel"
             elif sweep.attempts >= sweep.max_attempts:
-                sweep.state = SweepState.failed.value
+                sweep.state = next_state(sweep.id, sweep.state, SweepEvent.fail).value
                 sweep.reason = f"{lost}; gave up after {sweep.attempts} of max_attempts={sweep.max_attempts}"
                 sweep.finished_at = now
                 action = "fail"
             else:
-                sweep.state, action = SweepState.queued.value, "requeue"
+                sweep.state, action = next_state(sweep.id, sweep.state, SweepEvent.requeue).value, "requeue"
             sweep.worker_id, sweep.lease_expires_at = None, None
             s.add(Event(sweep_id=sweep.id, action=action, detail=lost))
             log.warning("%s sweep %s: %s", action, sweep.id, lost, extra={"action": action, "job_id": sweep.id})
@@ -262,7 +269,8 @@ class QueueStore(TrialLedger, WorkerRows, CodeArchives):
             if sweep is None:
                 return None
             now = utcnow()
-            sweep.state, sweep.worker_id = SweepState.running.value, worker_id
+            sweep.state = next_state(sweep.id, sweep.state, SweepEvent.claim).value
+            sweep.worker_id = worker_id
             sweep.attempts += 1
             sweep.lease_expires_at = now + timedelta(seconds=lease_seconds)
             sweep.started_at = sweep.started_at or now
@@ -313,9 +321,11 @@ class QueueStore(TrialLedger, WorkerRows, CodeArchives):
             return bool(s.scalar(select(Sweep.cancel_requested).where(Sweep.id == claim.sweep_id)))
 
     @waits_out_outages
-    def _end(self, claim: Claim, state: SweepState, reason: str | None, trials: TrialState, closed: bool) -> None:
-        """End the sweep; unfinished trial rows become `trials`. `closed`: the caller ended its MLflow runs
-        (else the closer of abandoned sweeps does, workers.durability.close_abandoned)."""
+    def _end(self, claim: Claim, event: SweepEvent, reason: str | None, trials: TrialState, closed: bool) -> None:
+        """End the sweep by `event` (from running: the fence requires it); unfinished trial rows become
+        `trials`. `closed`: the caller ended its MLflow runs (else the closer of abandoned sweeps does,
+        workers.durability.close_abandoned)."""
+        state = next_state(claim.sweep_id, SweepState.running, event)
         with self.session() as s, s.begin():
             stmt = self._fenced(claim).values(
                 state=state.value, reason=reason, finished_at=utcnow(), lease_expires_at=None, mlflow_closed=closed
@@ -327,19 +337,20 @@ class QueueStore(TrialLedger, WorkerRows, CodeArchives):
         log.info("%s sweep %s", state.value, claim.sweep_id, extra={"action": state.value, "job_id": claim.sweep_id})
 
     def finish(self, claim: Claim) -> None:
-        self._end(claim, SweepState.succeeded, None, TrialState.lost, closed=True)
+        self._end(claim, SweepEvent.finish, None, TrialState.lost, closed=True)
 
     def fail(self, claim: Claim, reason: str, closed: bool = True) -> None:
-        self._end(claim, SweepState.failed, reason, TrialState.error, closed)
+        self._end(claim, SweepEvent.fail, reason, TrialState.error, closed)
 
     def cancelled(self, claim: Claim, reason: str = "cancelled by request", closed: bool = True) -> None:
-        self._end(claim, SweepState.cancelled, reason, TrialState.cancelled, closed)
+        self._end(claim, SweepEvent.stop, reason, TrialState.cancelled, closed)
 
     @waits_out_outages
     def requeue(self, claim: Claim, reason: str) -> None:
         """Give the sweep back (worker shutting down): it keeps its place in the queue."""
         with self.session() as s, s.begin():
-            stmt = self._fenced(claim).values(state=SweepState.queued.value, worker_id=None, lease_expires_at=None)
+            to = next_state(claim.sweep_id, SweepState.running, SweepEvent.requeue)  # the fence requires running
+            stmt = self._fenced(claim).values(state=to.value, worker_id=None, lease_expires_at=None)
             if s.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
                 raise LeaseLost(claim.sweep_id, claim.worker_id, claim.attempt)
             s.add(Event(sweep_id=claim.sweep_id, action="requeue", detail=reason))
