@@ -185,13 +185,14 @@ def list_sweeps(
 def show(
     sweep_id: int,
     as_json: Annotated[bool, typer.Option("--json", help="The API's JSON (GET /sweeps/{id}), for scripts.")] = False,
+    every: Annotated[bool, typer.Option("--all", help="Every trial, not only the best 20 by the metric.")] = False,
 ) -> None:
-    """One sweep: state, attempts, best so far, MLflow link, registered model, and a row per trial."""
+    """One sweep: state, attempts, best so far, MLflow link, registered model, and its best 20 trials."""
     sweep = _api("GET", f"/sweeps/{sweep_id}")
     if as_json:
         out.print_json(json.dumps(sweep))
         return
-    _print_wide(views.show_view(sweep, _api("GET", f"/sweeps/{sweep_id}/trials")))
+    _print_wide(views.show_view(sweep, _api("GET", f"/sweeps/{sweep_id}/trials"), every))
 
 
 def _print_wide(renderable: RenderableType) -> None:

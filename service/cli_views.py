@@ -169,11 +169,27 @@ def _worker(sweep: Body) -> str:
     return f", worker {sweep['worker_id']}" if sweep.get("worker_id") else ""
 
 
-def trial_table(sweep: Body, trials: Body) -> Table:
-    """One row per trial: id, state, the searched params, the metric's latest value, iteration, starts."""
+SHOWN = 20
+"""Trials `layerlab show` lists by default: the best by the sweep's metric (`--all`: every one)."""
+
+
+def shown_trials(trials: Body, every: bool) -> list[Body]:
+    """The trials `show` lists: every one in the API's order with `every`, or when there are at most SHOWN;
+    else the SHOWN best by the metric, then, if fewer reported it, the running ones in the API's order."""
+    rows: list[Body] = trials["trials"]
+    if every or len(rows) <= SHOWN:
+        return rows
+    best = ranked(trials)[:SHOWN]
+    return best + [t for t in rows if t not in best and t["state"] == "running"][: SHOWN - len(best)]
+
+
+def trial_table(sweep: Body, trials: Body, every: bool = False) -> Table:
+    """One row per trial (the best SHOWN unless `every`): id, state, the searched params, the metric's latest
+    value, iteration, starts."""
     name = trials["metric"]["name"]
     table = Table("trial", "state", *trials["space"], name, "iter", "starts")
-    for t in trials["trials"]:
+    rows = shown_trials(trials, every)
+    for t in rows:
         best = " *" if t["trial_id"] == sweep["best_trial_id"] else ""
         cells = [fmt(t["config"].get(k)) for k in trials["space"]]
         table.add_row(
@@ -184,15 +200,19 @@ def trial_table(sweep: Body, trials: Body) -> Table:
             str(t["iteration"]),
             str(t["starts"]),
         )
+    notes = []
     if sweep["best_trial_id"]:
-        table.caption = f"* the best {name} so far; the column shows each trial's latest value"
+        notes.append(f"* the best {name} so far; the column shows each trial's latest value")
+    if len(rows) < len(trials["trials"]):
+        notes.append(f"the best {len(rows)} of {len(trials['trials'])} trials by {name}; `--all` lists every one")
+    table.caption = "\n".join(notes) or None
     return table
 
 
-def show_view(sweep: Body, trials: Body) -> RenderableType:
+def show_view(sweep: Body, trials: Body, every: bool = False) -> RenderableType:
     if not trials["trials"]:
         return Group(summary(sweep, trials), Text("\nno trial has started yet"))
-    return Group(summary(sweep, trials), trial_table(sweep, trials))
+    return Group(summary(sweep, trials), trial_table(sweep, trials, every))
 
 
 def compare_view(pairs: list[tuple[Body, Body]]) -> Table:

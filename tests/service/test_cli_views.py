@@ -143,6 +143,23 @@ def test_show_prints_a_summary_and_a_row_per_trial(api: Api, demo_dict: dict[str
     assert "* the best accuracy so far; the column shows each trial's latest value" in out
 
 
+def test_show_lists_the_best_twenty_trials_unless_all(api: Api, demo_dict: dict[str, Any]) -> None:
+    sweep_id = submit(api, demo_dict, "many")
+    assert api.store.claim("host:1:w1", 30) is not None
+    for i in range(25):
+        trial_id = f"t_{i:05d}"
+        api.store.trial_started(sweep_id, trial_id, {**PARAMS, "seed": i})
+        api.store.trial_result(sweep_id, trial_id, 10, {"accuracy": i / 100, "loss": 0.1})
+    shown = api.invoke("show", str(sweep_id))
+    assert shown.exit_code == 0, shown.output
+    listed = {t for t in (f"t_{i:05d}" for i in range(25)) if f" {t} " in shown.stdout}
+    assert listed == {f"t_{i:05d}" for i in range(5, 25)}  # the 20 best by accuracy
+    assert "the best 20 of 25 trials by accuracy; `--all` lists every one" in shown.stdout
+    every = api.invoke("show", str(sweep_id), "--all")
+    assert every.exit_code == 0 and all(f" t_{i:05d} " in every.stdout for i in range(25)), every.output
+    assert "--all` lists" not in every.stdout
+
+
 def test_show_json_is_the_api_body_unchanged(api: Api, demo_dict: dict[str, Any]) -> None:
     sweep_id = run_demo(api, demo_dict)
     result = api.invoke("show", str(sweep_id), "--json")
