@@ -11,16 +11,18 @@ import dataclasses
 import math
 import statistics
 import time
+from functools import partial
 from typing import Any
 
 import torch
 
+from jobs.registry import Task
 from jobs.runtime import Session
 from jobs.symbolic.data import Encoded, collate, encode
 from jobs.symbolic.eval import EvalSets, evaluate, heatmap_csv, heatmap_png, predictions_markdown
-from jobs.symbolic.report import trial_row
+from jobs.symbolic.report import make_summarize, trial_row
 from jobs.symbolic.sets import make_alpha_set, make_data, make_grid
-from jobs.symbolic.task import SymbolicConfig, SymbolicData, build_for
+from jobs.symbolic.task import METRIC_BASELINES, METRICS, SymbolicConfig, SymbolicData, build_for, example_for
 from jobs.tables import TableRows
 
 
@@ -115,3 +117,19 @@ def run(cfg: SymbolicConfig, session: Session, data: SymbolicData) -> None:
             }
             session.report(metrics, checkpoint=state)
             losses, train_clock = [], time.perf_counter()
+
+
+def symbolic_task(name: str, data: SymbolicData, description: str) -> Task:
+    """The Task of one symbolic data family (`data`: PROP or LTL): the same config, loop, model, metrics,
+    baselines and report for both, bound to the family's data."""
+    return Task(
+        name=name,
+        config=SymbolicConfig,
+        train=partial(run, data=data),
+        build_model=partial(build_for, data=data),
+        example_input=partial(example_for, data),
+        metrics=METRICS,
+        baselines=METRIC_BASELINES,
+        description=description,
+        summarize=make_summarize(data.paper),
+    )

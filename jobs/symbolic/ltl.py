@@ -18,24 +18,14 @@ Run alone: `python -m jobs run symbolic.ltl --set variant=-DA --set steps=200`.
 
 from __future__ import annotations
 
-import torch
-
-from jobs.registry import Task
-from jobs.runtime import Session
 from jobs.symbolic import ltl_data
 from jobs.symbolic.checkers import check_trace
 from jobs.symbolic.data import SymbolicExample
-from jobs.symbolic.loop import run
-from jobs.symbolic.report import make_summarize
+from jobs.symbolic.loop import symbolic_task
 from jobs.symbolic.task import (
-    METRIC_BASELINES,
-    METRICS,
-    PackedSymbolic,
     PaperData,
     SymbolicConfig,
     SymbolicData,
-    build_for,
-    example_for,
 )
 
 
@@ -74,29 +64,9 @@ LTL = SymbolicData(
     paper=PAPER_LTL,
 )
 
-summarize = make_summarize(PAPER_LTL)
-
-
-def build_model(cfg: SymbolicConfig) -> PackedSymbolic:
-    return build_for(cfg, LTL)
-
-
-def example_input(cfg: SymbolicConfig) -> torch.Tensor:
-    return example_for(LTL)
-
-
-def train(cfg: SymbolicConfig, session: Session) -> None:
-    run(cfg, session, LTL)
-
-
-TASK = Task(
-    name="symbolic.ltl",
-    config=SymbolicConfig,
-    train=train,
-    build_model=build_model,
-    example_input=example_input,
-    metrics=METRICS,
-    baselines=METRIC_BASELINES,
-    description="Symbol-invariant transformer vs baselines on LTL trace witnesses (spot): Correct, Exact, α-cov.",
-    summarize=summarize,
+TASK = symbolic_task(
+    "symbolic.ltl",
+    LTL,
+    "Symbol-invariant transformer vs baselines on LTL trace witnesses (spot): Correct, Exact, α-cov.",
 )
+train, build_model, example_input, summarize = TASK.train, TASK.build_model, TASK.example_input, TASK.summarize

@@ -52,24 +52,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
-from jobs.registry import Task
-from jobs.runtime import Session
 from jobs.symbolic import prop_data
 from jobs.symbolic.checkers import check_assignment
 from jobs.symbolic.data import SymbolicExample
-from jobs.symbolic.loop import run
-from jobs.symbolic.report import make_summarize
+from jobs.symbolic.loop import symbolic_task
 from jobs.symbolic.task import (
-    METRIC_BASELINES,
-    METRICS,
-    PackedSymbolic,
     PaperData,
     SymbolicConfig,
     SymbolicData,
-    build_for,
-    example_for,
 )
 
 
@@ -119,29 +109,9 @@ PROP = SymbolicData(
     paper=PAPER_PROP,
 )
 
-summarize = make_summarize(PAPER_PROP)
-
-
-def build_model(cfg: SymbolicConfig) -> PackedSymbolic:
-    return build_for(cfg, PROP)
-
-
-def example_input(cfg: SymbolicConfig) -> torch.Tensor:
-    return example_for(PROP)
-
-
-def train(cfg: SymbolicConfig, session: Session) -> None:
-    run(cfg, session, PROP)
-
-
-TASK = Task(
-    name="symbolic.prop",
-    config=SymbolicConfig,
-    train=train,
-    build_model=build_model,
-    example_input=example_input,
-    metrics=METRICS,
-    baselines=METRIC_BASELINES,
-    description="Symbol-invariant transformer vs baselines on propositional witnesses: Correct, Exact, α-cov.",
-    summarize=summarize,
+TASK = symbolic_task(
+    "symbolic.prop",
+    PROP,
+    "Symbol-invariant transformer vs baselines on propositional witnesses: Correct, Exact, α-cov.",
 )
+train, build_model, example_input, summarize = TASK.train, TASK.build_model, TASK.example_input, TASK.summarize

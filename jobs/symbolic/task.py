@@ -251,7 +251,8 @@ def build_for(cfg: SymbolicConfig, data: SymbolicData) -> PackedSymbolic:
     return PackedSymbolic(model_config(cfg, data), cfg.beam_size)
 
 
-def example_for(data: SymbolicData) -> torch.Tensor:
+def example_for(data: SymbolicData, cfg: SymbolicConfig | None = None) -> torch.Tensor:
+    """The registered model's example input: the family's two hand-written formulas (any config)."""
     rows = [encode(make_example(f, [], data.vocab), data.vocab) for f in data.examples]
     batch = collate(rows)
     return torch.stack([batch.src_fixed, batch.src_sym], dim=-1).float()  # [2, S, 2]
