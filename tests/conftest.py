@@ -52,51 +52,49 @@ if not os.path.exists("/dev/nvidia0"):
 
 
 # How `make test` splits the suite over its two pytest-xdist processes. A stack test (API, workers, Ray, MLflow
-# servers, PostgreSQL clusters, containers) runs whole sweeps and wants a core or two for its trials; the other
-# modules are small and many. The stack modules form two chains, each one xdist work unit run in order in one
-# process, so at most two stack tests run at once; the other modules are units of their own, handed to
-# whichever process is free once its chain ends. The chains are balanced on a clean-clone run's durations
-# (pytest 2006 s, 2026-12-07; seconds per module below): chain A (~1,340 s) holds the container tier, whose cold
-# image build (~570 s, niced) overlaps the other chain, and the fault tests; chain B (~850 s) the end-to-end
-# modules, after which its process takes the ~470 s of unit tests. A stack module not listed joins chain B.
+# servers, PostgreSQL clusters) runs whole sweeps and wants both cores for its trials; some time leases and kill
+# workers, so two at once only trade speed for flakiness (measured: with the stack tests in two chains side by
+# side, each ran about 2.4x slower and the suite took longer than with one chain). So the stack tests form one
+# chain, one xdist work unit run in order in one process, and everything else goes to the other process beside
+# it: first the container tier (its cold image build, niced, takes the cycles the chain leaves idle, and its
+# compose stack goes down when its test ends), then the unit modules, each a unit of its own, then the end-to-end
+# modules that only run task sweeps to their end and check what those made (no kill, lease or timing). Balanced on
+# a clean-clone run's durations (seconds per module, pytest 2006 s, 2026-12-07): the chain ~1,330 s; the other
+# process ~630 s of container tier, ~470 s of unit modules and ~235 s of task sweeps. A stack module not listed
+# joins the chain.
 STACK_DIRS = {"e2e", "faults", "browser", "production", "containers"}
-CHAINS = {
-    "stack-a": (
-        "containers/test_compose_stack.py",  # 631
-        "production/test_production_stack.py",  # 147
-        "faults/test_kill_property.py",  # 142
-        "faults/test_kill_worker_repeatedly.py",  # 118
-        "faults/test_endings.py",  # 88
-        "faults/test_postgres_restart.py",  # 85
-        "faults/test_mlflow_outage.py",  # 82
-        "faults/test_ray_node_loss.py",  # 51
-    ),
-    "stack-b": (
-        "e2e/test_worker_faults.py",  # 155
-        "e2e/test_up_down.py",  # 133
-        "e2e/test_brought_code_e2e.py",  # 100
-        "e2e/test_sweep_e2e.py",  # 88
-        "browser/test_mlflow_ui.py",  # 75
-        "faults/test_oversubscription.py",  # 64
-        "e2e/test_memory_e2e.py",  # 61
-        "e2e/test_tasks_e2e.py",  # 55
-        "e2e/test_symbolic_e2e.py",  # 42
-        "e2e/test_sna_e2e.py",  # 40
-        "e2e/test_sac_e2e.py",  # 37
-    ),
-}
+STACK_CHAIN = (
+    "faults/test_kill_property.py",  # 142
+    "faults/test_kill_worker_repeatedly.py",  # 118
+    "e2e/test_worker_faults.py",  # 155
+    "production/test_production_stack.py",  # 147
+    "e2e/test_up_down.py",  # 133
+    "e2e/test_brought_code_e2e.py",  # 100
+    "faults/test_endings.py",  # 88
+    "e2e/test_sweep_e2e.py",  # 88
+    "faults/test_postgres_restart.py",  # 85
+    "faults/test_mlflow_outage.py",  # 82
+    "browser/test_mlflow_ui.py",  # 75
+    "faults/test_oversubscription.py",  # 64
+    "faults/test_ray_node_loss.py",  # 51
+)
+CONTAINERS = ("containers/test_compose_stack.py",)  # 631, of which ~570 the cold image build
+SWEEPS_ONLY = tuple(
+    f"e2e/test_{name}_e2e.py" for name in ("memory", "tasks", "symbolic", "sna", "sac")
+)  # 61, 55, 42, 40, 37
+UNITS = {"stack": STACK_CHAIN, "containers": CONTAINERS, "sweeps": SWEEPS_ONLY}
 TESTS = Path(__file__).parent
 
 
 def _unit(path: Path) -> tuple[str, int]:
-    """(work unit, position in it): a stack chain and the module's place in it, or ("module", 0) for an
-    ordinary module, a unit of its own."""
+    """(work unit, position in it): the stack chain, the container tier or the task sweeps, each in its listed
+    order, or ("module", 0) for an ordinary module, a unit of its own."""
     relative = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else path.as_posix()
-    for chain, modules in CHAINS.items():
+    for unit, modules in UNITS.items():
         if relative in modules:
-            return chain, modules.index(relative)
+            return unit, modules.index(relative)
     if relative.split("/")[0] in STACK_DIRS:
-        return "stack-b", len(CHAINS["stack-b"])
+        return "stack", len(STACK_CHAIN)
     return "module", 0
 
 
@@ -108,24 +106,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         in_stack_folder = item.path.is_relative_to(TESTS) and item.path.relative_to(TESTS).parts[0] in STACK_DIRS
         if in_stack_folder:
             item.add_marker(pytest.mark.stack)
-    # xdist hands out the work units in collection order (--no-loadscope-reorder): chain A, chain B (each in its
-    # listed order), then the other modules in their own order.
-    rank = {"stack-a": 0, "stack-b": 1, "module": 2}
+    # xdist hands out the work units in collection order (--no-loadscope-reorder): the stack chain to one process,
+    # the container tier to the other, then the unit modules to whichever is free, the task sweeps last.
+    rank = {"stack": 0, "containers": 1, "module": 2, "sweeps": 3}
     items.sort(key=lambda item: (rank[_unit(item.path)[0]], _unit(item.path)[1]))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """With `--dist loadscope` (make test): xdist's module-scope scheduling, but each stack chain one unit
-    (see above). (xdist's own `loadgroup` would do it by mark, but it renames `item._nodeid`, which pytest 9's
-    nodes no longer read: with pytest 9.2 and xdist 3.8.0 its groups are split.)"""
+    """With `--dist loadscope` (make test): xdist's module-scope scheduling, but the stack chain, the container
+    tier and the task sweeps each one unit (see above). (xdist's own `loadgroup` would do it by mark, but it
+    renames `item._nodeid`, which pytest 9's nodes no longer read: with pytest 9.2 and xdist 3.8.0 its groups are
+    split.)"""
     if config.getoption("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class StackChains(LoadScopeScheduling):
+    class OneStackChain(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             unit, _ = _unit(Path(config.rootpath, module))
             return module if unit == "module" else unit
 
-    return StackChains(config, log)
+    return OneStackChain(config, log)
