@@ -140,6 +140,7 @@ def test_what_a_queued_sweep_waits_for(postgres_url: str) -> None:
         "workers seen in the last 5 minutes: 1, none with GPUs",
         "workers_seen": 1,
         "workers_able": 0,
+        "owner_running": 1,  # its owner's sweep the GPU worker took above (fair share counts it)
     }
     assert body["waiting"] == expected and listed[gpu.id]["waiting"] == expected
     assert listed[store.list_sweeps("running")[0].id]["waiting"] is None

@@ -239,4 +239,6 @@ def test_summarize_rejects_rows_it_cannot_read() -> None:
 def test_sweep_file_validates() -> None:
     spec_module = pytest.importorskip("service.spec")
     spec = spec_module.parse_spec((REPO / "sweeps/memory_capacity.yaml").read_text())
-    assert spec.task == "memory.capacity" and spec.metric.name == "bits_per_param" and spec.trials_total == 12
+    assert (
+        spec.task == "memory.capacity" and spec.metric.name == "bits_per_param" and spec.trials_total == 36
+    )  # 4 activations x 3 widths x 3 seeds

@@ -188,7 +188,9 @@ def test_summarize_rejects_rows_it_cannot_read() -> None:
 def test_sweep_file_validates() -> None:
     spec_module = pytest.importorskip("service.spec")
     spec = spec_module.parse_spec((REPO / "sweeps/memory_hopfield.yaml").read_text())
-    assert spec.task == "memory.hopfield" and spec.metric.name == "capacity_ratio_overlap" and spec.trials_total == 12
+    assert (
+        spec.task == "memory.hopfield" and spec.metric.name == "capacity_ratio_overlap" and spec.trials_total == 36
+    )  # 3 rules x 4 widths x 3 seeds
 
 
 def test_stop_past_capacity_ends_the_curve_where_every_capacity_is_known() -> None:
