@@ -113,7 +113,7 @@ def _naive_polarities(tree: object, negated: bool, out: dict[str, bool]) -> dict
     return out
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, derandomize=True)  # as the suite's profile (tests/conftest.py)
 @given(
     st.recursive(
         st.sampled_from(["a", "b", "c", "0", "1"]),
