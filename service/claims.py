@@ -134,12 +134,17 @@ def welch(a: Estimate, b: Estimate) -> tuple[float, float]:
     d = a.mean - b.mean
     if a.n < 2 or b.n < 2:
         return d, math.nan
-    va, vb = a.std**2 / a.n, b.std**2 / b.n
+    return d, welch_half(a.std, a.n, b.std, b.n)
+
+
+def welch_half(std_a: float, n_a: int, std_b: float, n_b: int) -> float:
+    """Half-width of the 95% Welch interval of a difference of two means (n >= 2 a side)."""
+    va, vb = std_a**2 / n_a, std_b**2 / n_b
     se2 = va + vb
     if se2 == 0:
-        return d, 0.0
-    df = se2**2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1))
-    return d, t_quantile(df) * math.sqrt(se2)
+        return 0.0
+    df = se2**2 / (va**2 / (n_a - 1) + vb**2 / (n_b - 1))
+    return t_quantile(df) * math.sqrt(se2)
 
 
 def beats(e: Estimate, baseline: float, mode: str) -> bool:
@@ -252,12 +257,7 @@ def welch_seeds(a: Estimate, b: Estimate, target: float, limit: int = 1000) -> i
     if not target > 0 or not (math.isfinite(a.std) and math.isfinite(b.std)):
         return None
     for n in range(max(a.n, b.n, MIN_SEEDS), limit + 1):
-        va, vb = a.std**2 / n, b.std**2 / n
-        se2 = va + vb
-        if se2 == 0:
-            return n
-        df = se2**2 / (va**2 / (n - 1) + vb**2 / (n - 1))
-        if t_quantile(df) * math.sqrt(se2) < target:
+        if welch_half(a.std, n, b.std, n) < target:
             return n
     return None
 
