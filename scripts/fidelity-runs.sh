@@ -44,7 +44,12 @@ for f in "${sweeps[@]}"; do
     submitted=$(cd "$work/src" && "$layerlab" submit "$rel")
     echo "$submitted"
     id=$(sed -n 's/^submitted sweep \([0-9]*\).*/\1/p' <<<"$submitted")
-    (cd "$work/src" && "$layerlab" watch "$id") || true
+    # watch ends when the sweep does, or on an API call that timed out (2 busy cores): then watch again.
+    until (cd "$work/src" && "$layerlab" watch "$id"); do
+        state=$("$layerlab" show "$id" --json 2>/dev/null | "$venv/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["state"])' || echo unknown)
+        case "$state" in succeeded|failed|cancelled) break ;; esac
+        sleep 10
+    done
     line=$("$layerlab" show "$id" --json | "$venv/bin/python" -c '
 import json, sys
 from datetime import datetime
