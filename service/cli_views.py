@@ -118,12 +118,20 @@ def summary(sweep: Body, trials: Body) -> Text:
         ("model", f"{model['uri']} (version {model['version']})" if model["uri"] else "-"),
         ("code", code_line(sweep)),
         *([("rerun of", f"sweep {sweep['rerun_of']}")] if sweep.get("rerun_of") else []),
+        *([("importance", importance_line(sweep["importances"]))] if sweep.get("importances") else []),
     ]
     text = Text()
     for i, (field, value) in enumerate(rows):
         text.append(("\n" if i else "") + f"{field:<13}", style="bold")
         text.append(value)
     return text
+
+
+def importance_line(importances: dict[str, float]) -> str:
+    """`lr 0.81, width 0.12, seed 0.07`: each searched parameter's share of the final metric's variance
+    (fANOVA over the finished trials), largest first."""
+    ranked = sorted(importances.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{name} {share:.2f}" for name, share in ranked) + " (share of variance, fANOVA)"
 
 
 def code_line(sweep: Body) -> str:

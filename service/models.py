@@ -93,6 +93,9 @@ class Sweep(Base):
     """The sweep this one repeats (`layerlab rerun`): same spec, a new owner and attempts."""
     code_sha256: Mapped[str | None] = mapped_column(ForeignKey("code_archives.sha256"), nullable=True)
     """The researcher's code the sweep brings (spec `code`): a row of code_archives, None for built-in tasks."""
+    importances: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
+    """Searched parameter -> its share of the final metric's variance over the finished trials, largest first
+    (service.importance), written by the worker with the sweep's summary; None until then, or with too few."""
 
 
 class Trial(Base):

@@ -71,6 +71,9 @@ class SweepPublic(BaseModel):
     code_sha256: str | None = None
     """The researcher's code the sweep brings (spec `code`; GET /sweeps/{id}/code), by its archive's sha256;
     null for a built-in task."""
+    importances: dict[str, float] | None = None
+    """What mattered: searched parameter -> its share of the variance of the final metric over the finished
+    trials (fANOVA, a fixed forest seed), largest first; null until the sweep's summary, or with < 3 trials."""
 
     @classmethod
     def build(
@@ -125,6 +128,7 @@ class SweepPublic(BaseModel):
             code=sweep.code,
             rerun_of=sweep.rerun_of,
             code_sha256=sweep.code_sha256,
+            importances=sweep.importances,
         )
 
 

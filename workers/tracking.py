@@ -26,10 +26,12 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from service.importance import param_importances
 from service.provenance import code_identity, provenance, provenance_tags
 from service.queue import Claim, QueueStore
 from service.settings import Settings
 from service.spec import SweepSpec
+from service.states import TrialState
 from workers.mlflow_store import (
     PARENT_TAG,
     SWEEP_TAG,
@@ -182,8 +184,24 @@ class SweepTracker:
             config = [t.config.get(k) for k in keys]
             writer.writerow([t.trial_id, t.state, t.iteration, (t.metrics or {}).get(metric), *config, t.mlflow_run_id])
         self.log_files({"trials.csv": rows.getvalue().encode()})
+        importances = self._importances(trials)
+        if importances is not None:
+            self.log_files({"importances.json": json.dumps(importances, indent=2).encode()}, folder="summary")
+        from workers.importance_plots import draw_importance
+
         with tempfile.TemporaryDirectory() as d:
-            self.log_files({path.name: path.read_bytes() for path in self._plots(trials, Path(d))}, folder="plots")
+            paths = self._plots(trials, Path(d)) + draw_importance(trials, self.spec, Path(d), importances)
+            self.log_files({path.name: path.read_bytes() for path in paths}, folder="plots")
+
+    def _importances(self, trials: list[Any]) -> dict[str, float] | None:
+        """What mattered (service.importance) over the finished trials, kept on the sweep's row for `show`."""
+        from workers.importance_plots import final_value
+
+        metric = self.spec.metric.name
+        finished = [(t.config, final_value(t.metrics, metric)) for t in trials if t.state == TrialState.terminated]
+        importances = param_importances(self.spec.space, finished, self.spec.metric.mode or "max")
+        self.store.set_fields(self.claim, importances=importances)
+        return importances
 
     def log_files(self, files: dict[str, bytes], folder: str | None = None) -> None:
         """Write named files (the sweep's summary) as artifacts of the parent run."""

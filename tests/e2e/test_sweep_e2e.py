@@ -16,10 +16,11 @@ import torch
 
 from jobs.registry import get_task
 from service.claims import judge, read_claims
+from service.importance import param_importances
 from service.provenance import code_tags
 from service.queue import QueueStore
 from service.settings import Settings
-from service.spec import parse_spec
+from service.spec import Domain, parse_spec
 from workers.registration import load_best_model
 from workers.trainable import stored_checkpoints
 
@@ -144,7 +145,16 @@ def test_six_trial_sweep_registers_a_loadable_model(workers: Stack, tmp_path: Pa
         assert child.data.tags["layerlab.git_commit"] == code["layerlab.git_commit"], child.data.tags
         assert child.data.tags["layerlab.version"] == code["layerlab.version"]
     plots = {a.path for a in client.list_artifacts(parents[0].info.run_id, "plots")}
-    assert "plots/accuracy_curves.png" in plots
+    assert {"plots/accuracy_curves.png", "plots/accuracy_parallel.png"} <= plots, plots
+    # --- what mattered: fANOVA over the six finished trials, as the children's values give it, on the sweep's row
+    finished = [({"intersection": c.data.params["intersection"], "seed": int(c.data.params["seed"])},
+                 c.data.metrics["accuracy"]) for c in children]  # fmt: skip
+    space = {"intersection": Domain(grid=["product", "mean", "softmin"]), "seed": Domain(grid=[0, 1])}
+    assert s["importances"] == param_importances(space, finished, "max")
+    if s["importances"] is not None:  # (six trials that all reach 1.0 leave no variance to share out)
+        assert "plots/accuracy_importance.png" in plots
+        path = client.download_artifacts(parents[0].info.run_id, "summary/importances.json", tmp_path)
+        assert json.loads(Path(path).read_text()) == s["importances"]
 
     # --- claims: summary/claims.json holds the rule's verdicts on the child runs' final values
     summary = {a.path for a in client.list_artifacts(parents[0].info.run_id, "summary")}

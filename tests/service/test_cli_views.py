@@ -74,9 +74,9 @@ def _auth(api: Api) -> dict[str, str]:
     return {"Authorization": f"Bearer {api.token}"}
 
 
-def run_demo(api: Api, demo_dict: dict[str, Any], name: str = "xor-a", scale: float = 1.0) -> int:
+def run_demo(api: Api, demo_dict: dict[str, Any], name: str = "xor-a", scale: float = 1.0, **fields: Any) -> int:
     """A sweep as a worker leaves it: four trials (two finished, one errored, one running; one restarted),
-    the best trial, the MLflow parent run and the registered model."""
+    the best trial, the MLflow parent run and the registered model (and any other `fields` of its row)."""
     sweep_id = submit(api, demo_dict, name)
     claim = api.store.claim("host:1:w1", 30)
     assert claim is not None and claim.sweep_id == sweep_id
@@ -98,6 +98,7 @@ def run_demo(api: Api, demo_dict: dict[str, Any], name: str = "xor-a", scale: fl
         model_name="tversky-xor",
         model_version="3",
         model_alias="champion",
+        **fields,
     )
     return sweep_id
 
@@ -141,6 +142,15 @@ def test_show_prints_a_summary_and_a_row_per_trial(api: Api, demo_dict: dict[str
     assert row(out, "t_00003") == ["t_00003", "errored", "max", "substractmatch", "1", "0.5", "10", "1"]
     assert row(out, "t_00004") == ["t_00004", "running", "mean", "ignorematch", "1", "-", "0", "1"]
     assert "* the best accuracy so far; the column shows each trial's latest value" in out
+
+
+def test_show_prints_what_mattered_once_the_worker_wrote_it(api: Api, demo_dict: dict[str, Any]) -> None:
+    assert "importance" not in api.invoke("show", str(run_demo(api, demo_dict))).stdout  # none before the summary
+    sweep_id = run_demo(api, demo_dict, "xor-b", importances={"seed": 0.1, "intersection": 0.7, "difference": 0.2})
+    body = api.client.get(f"/sweeps/{sweep_id}", headers=_auth(api)).json()
+    assert body["importances"] == {"seed": 0.1, "intersection": 0.7, "difference": 0.2}
+    lines = api.invoke("show", str(sweep_id)).stdout.splitlines()
+    assert "importance   intersection 0.70, difference 0.20, seed 0.10 (share of variance, fANOVA)" in lines
 
 
 def test_show_lists_the_best_twenty_trials_unless_all(api: Api, demo_dict: dict[str, Any]) -> None:
