@@ -75,8 +75,8 @@ down:
 	-$(LAYERLAB) down
 
 lint: install
-	$(VENV)/bin/ruff check service workers jobs tests benchmarks
-	$(VENV)/bin/ruff format --check service workers jobs tests benchmarks
+	$(VENV)/bin/ruff check service workers jobs layerlab tests benchmarks
+	$(VENV)/bin/ruff format --check service workers jobs layerlab tests benchmarks
 	$(VENV)/bin/mypy
 
 test: install services browser podman lint

@@ -9,20 +9,19 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import httpx
 import typer
 from rich.console import Console, RenderableType
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from service import cli_views as views
 from service.cli_claims import claims_app
+from service.client import ApiError, Client
 from service.errors import SpecError
+from service.schemas import SweepPublic
 from service.settings import Settings, get_settings
 from service.states import TERMINAL
 
@@ -61,32 +60,25 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 
 
 def _api(method: str, path: str, **kwargs: Any) -> Any:
-    settings = get_settings()
-    url = settings.api_url.rstrip("/") + path
-    token = settings.resolved_api_token()
-    if token:
-        kwargs["headers"] = {**kwargs.get("headers", {}), "Authorization": f"Bearer {token}"}
+    """The API's answer through the Python client (layerlab.Client: the one HTTP layer, reads retried); an
+    error it answers ends the command with its message (a rejected spec: its problems one per line)."""
     try:
-        # The read timeout outlasts the longest long poll (GET /sweeps/{id}?wait=, 60 s).
-        resp = httpx.request(method, url, timeout=httpx.Timeout(30, read=90), **kwargs)
-    except httpx.HTTPError as exc:
-        raise _fail(
-            f"cannot reach the layerlab API at {url} ({exc}); start it with `layerlab up` "
-            "(or `layerlab serve`), or point LAYERLAB_API_URL at it"
-        ) from None
-    if resp.status_code == 422 and isinstance(resp.json().get("detail"), dict):
-        for e in resp.json()["detail"].get("errors", []):
+        return _client().request(method, path, **kwargs)
+    except ApiError as exc:
+        raise _api_failure(exc) from None
+
+
+def _client() -> Client:
+    settings = get_settings()
+    return Client(settings.api_url, settings.resolved_api_token() or "")
+
+
+def _api_failure(exc: ApiError) -> typer.Exit:
+    if exc.status == 422 and exc.errors:
+        for e in exc.errors:
             err.print(f"  {e}", highlight=False, markup=False)
-        raise _fail("the sweep spec is invalid; fix the fields above", 2)
-    if resp.status_code == 401 and not token:
-        raise _fail(
-            f"the API at {url} needs a token: set LAYERLAB_API_TOKEN (an operator creates one with "
-            "`layerlab token create --user NAME`)"
-        )
-    if resp.status_code >= 400:
-        detail = resp.json().get("detail") if "json" in resp.headers.get("content-type", "") else resp.text
-        raise _fail(f"{method} {path} -> {resp.status_code}: {detail}")
-    return resp.json()
+        return _fail("the sweep spec is invalid; fix the fields above", 2)
+    return _fail(exc.message)
 
 
 # --- researcher commands --------------------------------------------------------------------
@@ -257,56 +249,23 @@ def watch(
 ) -> None:
     """A live progress bar until the sweep ends: trials finished/total, best metric so far. When the output
     is not a terminal (a log file, a CI job), a plain line each time the state changes or a trial ends."""
-    if out.is_terminal:
-        s = _watch_bar(sweep_id, interval)
-    else:
-        shown = None
-        for s in _polls(sweep_id, interval):
-            if views.watch_key(s) != shown:
-                shown = views.watch_key(s)
-                out.print(views.watch_line(s), highlight=False, markup=False)
+    shown: list[Any] = [None]
+
+    def line(s: SweepPublic) -> None:
+        body = s.model_dump(mode="json")
+        if views.watch_key(body) != shown[0]:
+            shown[0] = views.watch_key(body)
+            out.print(views.watch_line(body), highlight=False, markup=False)
+
+    try:
+        ended = _client().wait(sweep_id, interval=interval, progress=out.is_terminal,
+                              callback=None if out.is_terminal else line)  # fmt: skip
+    except ApiError as exc:
+        raise _api_failure(exc) from None
+    s = ended.model_dump(mode="json")
     _print_outcome(s)
     if s["state"] != "succeeded":
         raise typer.Exit(1)
-
-
-def _watch_bar(sweep_id: int, interval: float) -> dict[str, Any]:
-    """The live bar; returns the sweep as it ended."""
-    s: dict[str, Any] = {}
-    with Progress(
-        TextColumn("[bold]sweep {task.fields[sid]}[/bold] {task.fields[state]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("running {task.fields[running]}  errored {task.fields[errored]}  best {task.fields[best]}"),
-        TimeElapsedColumn(),
-        console=out,
-    ) as progress:
-        bar = progress.add_task("sweep", total=None, sid=sweep_id, state="", running=0, errored=0, best="-")
-        for s in _polls(sweep_id, interval):
-            t = s["trials"]
-            best = "-" if s["best_metric"] is None else f"{s['metric']['name']}={s['best_metric']:.4g}"
-            progress.update(
-                bar,
-                total=t["total"],
-                completed=t["finished"] + t["errored"],
-                state=s["state"],
-                running=t["running"],
-                errored=t["errored"],
-                best=best,
-            )
-    return s
-
-
-def _polls(sweep_id: int, interval: float) -> Iterator[dict[str, Any]]:
-    """The sweep every `interval` seconds, until (and with) its end."""
-    while True:
-        # A long poll: the API answers after `interval`, or at once when the sweep ends.
-        asked = time.monotonic()
-        s: dict[str, Any] = _api("GET", f"/sweeps/{sweep_id}", params={"wait": interval})
-        yield s
-        if s["state"] in TERMINAL:
-            return
-        time.sleep(max(0.0, interval - (time.monotonic() - asked)))  # an API that answered early
 
 
 def _print_outcome(s: dict[str, Any]) -> None:

@@ -3,8 +3,9 @@
 `param_importances(space, trials, mode)` fits Optuna's fANOVA evaluator (a random forest over the searched
 parameters, its functional ANOVA decomposition; Hutter et al. 2014) to the finished trials and returns
 parameter -> importance, the shares summing to 1, largest first. The forest's seed is fixed and the trials
-are put in one order first, so the same set of trials gives the same numbers on every machine and call. The trials are handed to Optuna through its
-public API (`optuna.trial.create_trial`, `Study.add_trial`): nothing is re-run.
+are put in one order first, so the same set of trials gives the same numbers on every machine and call.
+The trials are handed to Optuna through its public API (`optuna.trial.create_trial`, `Study.add_trial`):
+nothing is re-run.
 
 A replicate parameter (`seed`, `*_seed`) is kept: its share is how much of the spread is noise, and a
 searched parameter that matters less than the seed did not matter at this number of trials.

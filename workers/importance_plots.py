@@ -55,12 +55,13 @@ def importance_figure(importances: Mapping[str, float], metric: str, title: str)
 
 
 def _axis(trials: Sequence[TrialResult], p: Searched) -> tuple[np.ndarray, list[tuple[float, str]]]:
-    """Each trial's position on `p`'s axis in [0, 1] (NaN where it has no usable value) and the axis' ticks."""
+    """Each trial's position on `p`'s axis in [0, 1] and the axis' ticks. A numeric parameter where a trial has
+    no number (a config written by hand) is drawn as categories."""
     raw = [t.config.get(p.name) for t in trials]
-    numeric = p.scale != "category" and all(_is_number(v) for v in raw)
-    if numeric:
-        log = p.scale == "log" and all(v > 0 for v in raw)
-        x = np.array([math.log10(v) if log else float(v) for v in raw])
+    numbers = [float(v) for v in raw if _is_number(v)]
+    if p.scale != "category" and len(numbers) == len(raw):
+        log = p.scale == "log" and all(v > 0 for v in numbers)
+        x = np.array([math.log10(v) if log else v for v in numbers])
         lo, hi = float(x.min()), float(x.max())
         pos = (x - lo) / (hi - lo) if hi > lo else np.full(len(x), 0.5)
         ticks = [(0.0, _label(10**lo if log else lo)), (1.0, _label(10**hi if log else hi))] if hi > lo else []

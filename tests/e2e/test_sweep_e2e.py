@@ -247,3 +247,17 @@ register: {model: e2e-xor-ddp}
     (trial,) = QueueStore(Settings(home=workers.home).queue_url).trials(submitted["id"])
     assert trial.checkpoint_iteration == 2 and f"/train-{trial.trial_id}/" in (trial.checkpoint_path or ""), trial
     assert [c.iteration for c in stored_checkpoints(trial.checkpoint_path)] == [2]
+
+
+def test_the_readme_client_example_runs_whole(workers: Stack) -> None:
+    """README "Python client": its example, as a researcher pastes it into a notebook, against this stack."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = readme.split("<!-- client-example -->\n```python\n", 1)[1].split("```\n<!-- /client-example -->", 1)[0]
+    workers.start_worker("w-client")
+    done = subprocess.run([sys.executable, "-c", block], env=workers.env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[-3].startswith("succeeded 1.0 {") and "'intersection': " in lines[-3], lines
+    assert {line.split()[0] for line in lines[:-3]} <= {"queued", "running", "succeeded"}, lines
+    assert lines[-4] == "succeeded 2/2", lines  # the callback saw the end
+    assert lines[-1] == "[1, 0]", lines  # XOR of (0, 1) and (1, 1) from the registered model

@@ -19,6 +19,7 @@ from typer.testing import CliRunner, Result
 
 from service import cli, cli_views, db
 from service.app import create_app
+from service.client import Client
 from service.models import TrialState
 from service.queue import Claim, QueueStore
 from service.settings import Settings
@@ -275,24 +276,20 @@ def test_compare_an_unknown_sweep_names_it(api: Api, demo_dict: dict[str, Any]) 
 
 
 def _body(state: str, finished: int, running: int, best: float | None = None) -> dict[str, Any]:
+    """GET /sweeps/5 as the API answers it (a whole SweepPublic: the client validates it)."""
     return {
-        "id": 5,
-        "state": state,
-        "reason": None,
+        "id": 5, "name": "xor", "task": "tversky.xor", "owner": "alice", "state": state, "reason": None,
+        "priority": 50, "attempts": 1, "max_attempts": 5, "cancel_requested": False, "worker_id": None,
+        "submitted_at": "2026-12-07T07:00:00Z", "started_at": None, "finished_at": None,
         "metric": {"name": "accuracy", "mode": "max"},
-        "trials": {
-            "total": 4,
-            "pending": 4 - finished - running,
-            "running": running,
-            "finished": finished,
-            "errored": 0,
-        },
+        "trials": {"total": 4, "pending": 4 - finished - running, "running": running, "finished": finished,
+                   "errored": 0, "cancelled": 0, "lost": 0},
         "best_metric": best,
         "best_trial_id": "t1" if best is not None else None,
         "best_config": {"seed": 0} if best is not None else None,
-        "mlflow": {"parent_run_url": None},
-        "model": {"uri": None},
-    }
+        "mlflow": {"experiment_id": None, "parent_run_id": None, "experiment_url": None, "parent_run_url": None},
+        "model": {"name": None, "version": None, "alias": None, "uri": None},
+    }  # fmt: skip
 
 
 def test_watch_prints_a_plain_line_per_change_when_not_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -306,8 +303,8 @@ def test_watch_prints_a_plain_line_per_change_when_not_a_terminal(monkeypatch: p
             _body("succeeded", 4, 0, 0.75),
         ]
     )
-    monkeypatch.setattr(cli, "_api", lambda *a, **k: next(polls))
-    monkeypatch.setattr("service.cli.time.sleep", lambda s: None)
+    monkeypatch.setattr(Client, "request", lambda self, *a, **k: next(polls))  # the CLI's one HTTP layer
+    monkeypatch.setattr("service.client.time.sleep", lambda s: None)
     result = CliRunner().invoke(cli.app, ["watch", "5", "--interval", "0.1"])
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
