@@ -205,12 +205,27 @@ def mutated_body(draw: st.DrawFn) -> tuple[str, bytes, str]:
     source = draw(st.sampled_from(sorted(SPECS)))
     data = yaml.safe_load(SPECS[source])
     done = [source]
+    # A quarter of the examples change only what keeps a spec valid (a fresh name, priority or seed) and stay
+    # readable text, so accepted specs are a large share of every run, not a few lucky draws.
+    if draw(st.sampled_from(["benign", "mutate", "mutate", "mutate"])) == "benign":
+        for _ in range(draw(st.integers(1, 2))):
+            path = draw(st.sampled_from([("name",), ("priority",), ("search", "seed")]))
+            if path[0] == "search" and not isinstance(data.get("search"), dict):
+                continue
+            value = draw(
+                st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True) if path == ("name",) else st.integers(0, 100)
+            )
+            apply(data, path, "retype", value)
+            done.append(f"benign {path!r} {value!r}")
+        as_json = draw(st.booleans())
+        body = json.dumps(data).encode() if as_json else yaml.safe_dump(data, sort_keys=False).encode()
+        return ("application/json" if as_json else "application/yaml"), body, " | ".join(done)
     for _ in range(draw(st.integers(1, 3))):
         candidates = paths(data)
         if not candidates:
             break
         path = draw(st.sampled_from(candidates))
-        op = draw(st.sampled_from(["drop", "rename", "retype", "number", "unicode", "nest", "hoist", "benign"]))
+        op = draw(st.sampled_from(["drop", "rename", "retype", "number", "unicode", "nest", "hoist"]))
         value: Any = None
         if op == "rename":
             value = draw(WEIRD_TEXT | st.sampled_from(["nmae", "Name", "params ", "space.lr", "1"]))
@@ -222,13 +237,6 @@ def mutated_body(draw: st.DrawFn) -> tuple[str, bytes, str]:
             value = draw(WEIRD_TEXT)
         elif op == "nest":
             value = draw(st.booleans())
-        elif op == "benign":  # stays valid more often than not: a fresh name, priority or seed
-            op, path = "retype", draw(st.sampled_from([("name",), ("priority",), ("search", "seed")]))
-            value = draw(
-                st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True) if path == ("name",) else st.integers(0, 100)
-            )
-            if path[0] == "search" and not isinstance(data.get("search"), dict):
-                continue
         apply(data, path, op, value)
         done.append(f"{op} {path!r} {value!r}"[:200])
     as_json = draw(st.booleans())
@@ -318,8 +326,9 @@ def test_mutated_specs_are_queued_once_or_rejected_naming_a_field(api: Api) -> N
 
     submit()
     assert api.client.get("/healthz").status_code == 200
-    # Both outcomes happened: the fuzzer explored valid mutations as well as invalid ones.
-    assert outcomes[201] >= 5 and outcomes[422] >= EXAMPLES // 3, outcomes
+    # Both outcomes happened: the fuzzer explored valid mutations as well as invalid ones. About a third of the
+    # examples are accepted (45-57 of 150 over five seeds), so these floors sit 6 standard deviations below.
+    assert outcomes[201] >= EXAMPLES // 10 and outcomes[422] >= EXAMPLES // 3, outcomes
 
 
 def test_a_duplicated_key_names_its_line(api: Api) -> None:
