@@ -336,8 +336,9 @@ class QueueStore(TrialLedger, WorkerRows, CodeArchives):
             s.add(Event(sweep_id=claim.sweep_id, action=state.value, detail=reason))
         log.info("%s sweep %s", state.value, claim.sweep_id, extra={"action": state.value, "job_id": claim.sweep_id})
 
-    def finish(self, claim: Claim) -> None:
-        self._end(claim, SweepEvent.finish, None, TrialState.lost, closed=True)
+    def finish(self, claim: Claim, reason: str | None = None) -> None:
+        """The sweep succeeded; `reason` says why it ended before all its trials did (a stop rule)."""
+        self._end(claim, SweepEvent.finish, reason, TrialState.lost, closed=True)
 
     def fail(self, claim: Claim, reason: str, closed: bool = True) -> None:
         self._end(claim, SweepEvent.fail, reason, TrialState.error, closed)

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from service.models import Sweep, Trial
 from service.routing import Waiting
+from service.states import SweepState
 
 
 class TrialCounts(BaseModel):
@@ -19,7 +20,8 @@ class TrialCounts(BaseModel):
     finished: int
     errored: int
     cancelled: int = 0
-    """Stopped unfinished by a cancel; `resume` runs them on."""
+    """Stopped unfinished by a cancel (`resume` runs them on), or by a stop rule of a sweep that succeeded
+    (with the trials it never started: they never run)."""
     lost: int = 0
     """Started after Tune's last saved state under a searcher that does not make them again (a kill of the
     worker): closed, and replaced by other trials of the searcher. Not counted in `total`."""
@@ -87,6 +89,8 @@ class SweepPublic(BaseModel):
             uri = f"models:/{sweep.model_name}@{sweep.model_alias}" if sweep.model_alias else None
             uri = uri or f"models:/{sweep.model_name}/{sweep.model_version}"
         seen = sum(n for state, n in counts.items() if state != "lost")
+        # A sweep that succeeded before all its trials started (a stop rule) never runs the rest: not pending.
+        never = max(sweep.trials_total, seen) - seen if sweep.state == SweepState.succeeded else 0
         return cls(
             id=sweep.id,
             name=sweep.name,
@@ -105,11 +109,11 @@ class SweepPublic(BaseModel):
             metric={"name": sweep.metric_name, "mode": sweep.metric_mode},
             trials=TrialCounts(
                 total=max(sweep.trials_total, seen),
-                pending=max(sweep.trials_total, seen) - seen + counts.get("pending", 0),
+                pending=max(sweep.trials_total, seen) - seen - never + counts.get("pending", 0),
                 running=counts.get("running", 0),
                 finished=counts.get("terminated", 0),
                 errored=counts.get("error", 0),
-                cancelled=counts.get("cancelled", 0),
+                cancelled=counts.get("cancelled", 0) + never,
                 lost=counts.get("lost", 0),
             ),
             best_metric=sweep.best_metric,

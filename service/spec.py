@@ -105,6 +105,36 @@ class Scheduler(_Strict):
         return self
 
 
+class StopRules(_Strict):
+    """When a sweep ends before its trials are all done (W&B's metric.target, a wall-clock cap)."""
+
+    target: float | None = Field(
+        default=None,
+        description="End the sweep once a trial's metric reaches this (>= for max, <= for min): that trial "
+        "finishes, the others stop and are recorded as cancelled.",
+    )
+    max_minutes: float | None = Field(
+        default=None,
+        gt=0,
+        le=30 * 24 * 60,
+        description="End the sweep after this many minutes of running (counted per attempt): finished trials "
+        "are kept, the rest recorded as cancelled.",
+    )
+
+    @field_validator("target")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"must be a finite number, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _some_rule(self) -> StopRules:
+        if self.target is None and self.max_minutes is None:
+            raise ValueError("give target, max_minutes or both (or leave `stop` out)")
+        return self
+
+
 class Resources(_Strict):
     cpus: float = Field(default=1.0, gt=0, le=1024, description="CPUs per trial (per worker with workers > 1).")
     gpus: float = Field(default=0.0, ge=0, le=64, description="GPUs per trial; > 0 runs a Ray Train job.")
@@ -219,6 +249,7 @@ with warnings.catch_warnings():
         max_concurrent_trials: int | None = Field(default=None, ge=1, le=10_000)
         max_failures: int = Field(default=1, ge=0, le=100, description="Retries of a failed trial.")
         time_budget_s: float | None = Field(default=None, gt=0, le=30 * 24 * 3600)
+        stop: StopRules | None = Field(default=None, description="End the sweep early: a target, a time cap.")
         max_attempts: int | None = Field(
             default=None,
             ge=1,

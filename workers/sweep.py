@@ -11,6 +11,7 @@ from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 from service.spec import Domain, SweepSpec
 from workers.callbacks import ProgressCallback
 from workers.durability import Fence, Ledger
+from workers.stop_rules import RuleStopper
 from workers.trainable import run_trial, run_trial_distributed
 
 
@@ -102,6 +103,7 @@ def make_run_config(
             CSVLoggerCallback(),  # type: ignore[no-untyped-call]
         ],
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+        stop=RuleStopper(sweep_id, spec) if spec.stop is not None else None,
         # Every checkpoint stays while the sweep runs: a restored state may name any of them, and Tune fails
         # a trial whose named checkpoint is gone. The worker prunes them once the sweep has succeeded.
         checkpoint_config=tune.CheckpointConfig(num_to_keep=None),

@@ -11,6 +11,7 @@ no worker alive are closed by the next worker that polls (`close_abandoned`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -324,22 +325,32 @@ class Worker:
             stop.ending.set()
             self.store.requeue(claim, f"worker {self.worker_id} shut down; the sweep resumes on the next claim")
             return
+        if stop.rule is not None:  # Tune ended the unfinished trials without a callback: they did not finish
+            log.info("sweep %s: %s", claim.sweep_id, stop.rule)
+            self.store.close_trials(claim.sweep_id, TrialState.cancelled, f"not finished: the sweep {stop.rule}")
         reconcile(live, results)
         if not tracker.shipper.drain(wait_seconds=MLFLOW_OUTAGE_SECONDS):  # a sweep ends when nothing is unshipped
             uri = self.settings.tracking_uri
             raise RuntimeError(f"MLflow at {uri} stayed unreachable; this sweep's metrics wait in the queue's outbox")
-        self._finish(claim, spec, task, tracker, results)
+        kept = [results[i] for i in range(len(results))]  # a ResultGrid: indexed, not typed as iterable
+        if stop.rule is not None:  # summary, claims and the best from the trials that finished, not those cut short
+            finished = {t.trial_id for t in self.store.trials(claim.sweep_id) if t.state == TrialState.terminated}
+            kept = [r for r in kept if trial_id_of(r) in finished]
+        self._finish(claim, spec, task, tracker, kept, stop.rule)
 
-    def _finish(self, claim: Claim, spec: SweepSpec, task: Any, tracker: Any, results: Any) -> None:
+    def _finish(
+        self, claim: Claim, spec: SweepSpec, task: Any, tracker: Any, results: list[Any], reason: str | None = None
+    ) -> None:
+        """The sweep's success: best trial, registered model, summary and claims over the trials that finished."""
         from jobs.brought_code import brought_code_line
         from workers.durability import prune_checkpoints
         from workers.registration import load_best_model, register_model
 
-        ok = [r for r in results if r.error is None and r.metrics and spec.metric.name in r.metrics]
+        ok = [r for r in results if r.error is None and finite((r.metrics or {}).get(spec.metric.name))]
         if not ok:
             first = brought_code_line(str(next((r.error for r in results if r.error is not None), None)))
             raise RuntimeError(f"no trial reported {spec.metric.name!r}; first trial error: {first}")
-        best = results.get_best_result(spec.metric.name, spec.metric.mode, scope="last", filter_nan_and_inf=True)
+        best = best_result(ok, spec.metric.name, spec.metric.mode or "max")
         value = float(best.metrics[spec.metric.name])
         trial_id = str(best.metrics.get("trial_id"))
         self.store.set_fields(claim, best_metric=value, best_config=best.config, best_trial_id=trial_id)
@@ -372,7 +383,7 @@ class Worker:
         tracker.end_parent("FINISHED", {"value": value, "trial_id": trial_id, "config": best.config})
         if self._stop is not None:
             self._stop.ending.set()
-        self.store.finish(claim)
+        self.store.finish(claim, reason)
         pruned = prune_checkpoints(self.store, claim.sweep_id)
         log.info("sweep %s: kept each trial's last checkpoint, deleted %d older ones", claim.sweep_id, pruned)
 
@@ -420,6 +431,21 @@ def reconcile(live: Any, results: Any) -> None:
             continue
         log.warning("sweep %s: trial %s %s", live.claim.sweep_id, t.trial_id, LOST_REASON)
         live.store.trial_ended(live.claim.sweep_id, t.trial_id, TrialState.lost, reason=LOST_REASON)
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def trial_id_of(result: Any) -> str:
+    return str((result.metrics or {}).get("trial_id"))
+
+
+def best_result(results: list[Any], metric: str, mode: str) -> Any:
+    """The result whose last value of `metric` is best (ResultGrid.get_best_result(scope="last") over a list);
+    `results` all hold a finite value of it."""
+    pick = max if mode == "max" else min
+    return pick(results, key=lambda r: float(r.metrics[metric]))
 
 
 LOST_REASON = "lost: it started after Tune's last saved state, and its searcher suggested another trial in its place"

@@ -278,7 +278,7 @@ def test_a_hostile_key_cannot_forge_a_second_error_line(api: Api) -> None:
     body = json_body()[:-1] + b', "x\\nname: is required": 1}'
     assert refused(api, body, "application/json") == [
         '["x\\nname: is required"]: unknown key; allowed keys: claims, code, max_attempts, max_concurrent_trials, '
-        "max_failures, metric, name, params, priority, register, resources, scheduler, search, space, task, "
+        "max_failures, metric, name, params, priority, register, resources, scheduler, search, space, stop, task, "
         "time_budget_s"
     ]
 

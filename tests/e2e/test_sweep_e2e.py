@@ -11,6 +11,7 @@ from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -261,3 +262,49 @@ def test_the_readme_client_example_runs_whole(workers: Stack) -> None:
     assert {line.split()[0] for line in lines[:-3]} <= {"queued", "running", "succeeded"}, lines
     assert lines[-4] == "succeeded 2/2", lines  # the callback saw the end
     assert lines[-1] == "[1, 0]", lines  # XOR of (0, 1) and (1, 1) from the registered model
+
+
+STOP_RULE = """
+name: e2e-stop-{name}
+task: tversky.xor
+metric: {{name: accuracy, mode: max}}
+params: {{features: 16, steps: 300, report_every: 50, intersection: product}}
+space:
+  seed: {{grid: {seeds}}}
+max_concurrent_trials: 1
+stop: {stop}
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "stop", "reason"),
+    [
+        ("target", "{target: 1.0}", "stopped early: trial "),
+        ("time", "{max_minutes: 0.5}", "stopped early: its 0.5 minutes"),
+    ],
+)
+def test_a_stop_rule_ends_the_sweep_cleanly_with_its_reason(workers: Stack, name: str, stop: str, reason: str) -> None:
+    # 38 of 60 trials finish in the 30 s on an idle 2-core machine: 120 are more than twice that, so the rule
+    # ends the sweep, not its last trial, and a loaded machine still finishes some in the time.
+    seeds = list(range(120))
+    submitted = workers.submit(STOP_RULE.format(name=name, seeds=seeds, stop=stop))
+    workers.start_worker(f"w-stop-{name}")
+    s = workers.wait_state(submitted["id"], ("succeeded", "failed", "cancelled"), timeout=240)
+    rows = httpx.get(f"{workers.api_url}/sweeps/{s['id']}/trials", headers=workers.headers, timeout=30).json()
+    assert s["state"] == "succeeded" and s["reason"].startswith(reason), (s["reason"], s["trials"], rows)
+    t = s["trials"]
+    assert t["finished"] >= 1 and t["cancelled"] >= 1 and t["pending"] == t["running"] == t["errored"] == 0, t
+    assert t["finished"] + t["cancelled"] == t["total"] == len(seeds), t
+    if name == "target":
+        # the first trial at 1.0 ends the sweep, finished (though Tune defers its stop behind a checkpoint save)
+        assert s["best_metric"] == 1.0 and t["finished"] == 1, s
+    cut = [r for r in rows["trials"] if r["state"] == "cancelled"]
+    assert all(r["reason"].startswith("not finished: the sweep stopped early") for r in cut), cut
+    # every run closed: the finished trials' FINISHED, those cut short KILLED, the parent FINISHED
+    client = workers.mlflow()
+    exp = client.get_experiment_by_name(f"e2e-stop-{name}")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id], max_results=200)
+    assert {r.info.status for r in runs} <= {"FINISHED", "KILLED"}, [(r.info.run_name, r.info.status) for r in runs]
+    finished_runs = [r for r in runs if r.data.tags.get("mlflow.parentRunId") and r.info.status == "FINISHED"]
+    assert len(finished_runs) == t["finished"]

@@ -124,6 +124,10 @@ BAD_SPECS: list[tuple[str, str | bytes | dict[str, Any], str]] = [
     ("version-alias", {"register.alias": "v3"}, "register.alias: alias 'v3' is reserved by MLflow"),
     ("bad-model-name", {"register.model": "a b"}, "register.model: may hold only letters"),
     ("negative-time-budget", {"time_budget_s": -5}, "time_budget_s: must be greater than 0, got -5"),
+    ("empty-stop", {"stop": {}}, "stop: give target, max_minutes or both (or leave `stop` out)"),
+    ("zero-stop-minutes", {"stop": {"max_minutes": 0}}, "stop.max_minutes: must be greater than 0, got 0"),
+    ("nan-stop-target", {"stop": {"target": float("nan")}}, "stop.target: must be a finite number"),
+    ("unknown-stop-rule", {"stop": {"target": 1, "patience": 3}}, "stop.patience"),
     ("negative-max-failures", {"max_failures": -1}, "max_failures: must be greater than or equal to 0, got -1"),
     ("zero-concurrency", {"max_concurrent_trials": 0}, "max_concurrent_trials: must be greater than or equal to 1"),
     # A YAML key may be a number; next to string keys it once made the checks crash sorting them.
