@@ -167,8 +167,8 @@ def list_sweeps(
         if s.get("waiting"):  # fair share: among equal priorities, the owner with the fewest running goes first
             owner += f" ({s['waiting'].get('owner_running', 0)} running)"
         table.add_row(
-            str(s["id"]), s["name"], s["task"], owner, s["state"], str(s["priority"]), f"{t['finished']}/{t['total']}",
-            best,
+            str(s["id"]), s["name"], views.task_label(s), owner, s["state"], str(s["priority"]),
+            f"{t['finished']}/{t['total']}", best,
         )  # fmt: skip
     out.print(table)
 

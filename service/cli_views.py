@@ -99,13 +99,20 @@ def best_line(sweep: Body) -> str:
     return f"{sweep['metric']['name']} = {sweep['best_metric']:.6g} (trial {sweep['best_trial_id']})"
 
 
+def task_label(sweep: Body) -> str:
+    """A built-in task's name; a brought Task's own name with its module:attribute beside it once a worker has
+    imported it (`mine.lowrank (my_layer:TASK)`), the module:attribute alone before."""
+    name = sweep.get("task_name")
+    return f"{name} ({sweep['task']})" if name and name != sweep["task"] else sweep["task"]
+
+
 def summary(sweep: Body, trials: Body) -> Text:
     """The sweep at a glance: one `field  value` line each (plain text: no markup read from names or configs)."""
     reason = f": {sweep['reason']}" if sweep["reason"] else ""
     metric = sweep["metric"]
     model = sweep["model"]
     rows = [
-        ("sweep", f"{sweep['id']}  {sweep['name']} (task {sweep['task']}, owner {sweep['owner'] or '-'})"),
+        ("sweep", f"{sweep['id']}  {sweep['name']} (task {task_label(sweep)}, owner {sweep['owner'] or '-'})"),
         ("state", f"{sweep['state']}{reason}"),
         *([("waiting", sweep["waiting"]["message"])] if sweep.get("waiting") else []),
         ("attempts", f"{sweep['attempts']} of {sweep['max_attempts']}" + _worker(sweep)),
@@ -228,7 +235,7 @@ def compare_view(pairs: list[tuple[Body, Body]]) -> Table:
     table = Table("", *(f"sweep {s['id']}" for s, _ in pairs))
     rows: list[tuple[str, list[str]]] = [
         ("name", [s["name"] for s, _ in pairs]),
-        ("task", [s["task"] for s, _ in pairs]),
+        ("task", [task_label(s) for s, _ in pairs]),
         ("state", [s["state"] + (f": {s['reason']}" if s["reason"] else "") for s, _ in pairs]),
         ("metric", [f"{s['metric']['name']} ({s['metric']['mode']})" for s, _ in pairs]),
         ("best", [fmt(s["best_metric"]) for s, _ in pairs]),

@@ -94,6 +94,9 @@ class Sweep(Base):
     code_sha256: Mapped[str | None] = mapped_column(ForeignKey("code_archives.sha256"), nullable=True)
     """The researcher's code the sweep brings (spec `code`): a row of code_archives, None for built-in tasks."""
     importances: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
+    task_name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    """A sweep that brings code: its Task's own name (`mine.lowrank`), written by the worker once it imported the
+    code (the API never imports it; `task` holds the module:attribute). None for a built-in task."""
     """Searched parameter -> its share of the final metric's variance over the finished trials, largest first
     (service.importance), written by the worker with the sweep's summary; None until then, or with too few."""
 

@@ -227,13 +227,14 @@ def close_abandoned(settings: Settings, store: QueueStore) -> None:
 
         from workers.mlflow_store import unreachable
         from workers.shipper import MetricShipper
+        from workers.tracking import task_tags
 
         status = "KILLED" if sweep.state == SweepState.cancelled else "FAILED"
         state = TrialState.cancelled if sweep.state == SweepState.cancelled else TrialState.error
         reason = sweep.reason or sweep.state
         store.close_trials(sweep.id, state, reason)
         client = MlflowClient(tracking_uri=settings.tracking_uri)
-        tags = {"layerlab.task": SweepSpec.model_validate(sweep.spec).task}
+        tags = task_tags(SweepSpec.model_validate(sweep.spec).task, sweep.task_name)
         assert sweep.mlflow_experiment_id is not None and sweep.mlflow_parent_run_id is not None  # store.unclosed
         shipper = MetricShipper(
             store, client, sweep.id, sweep.mlflow_experiment_id, sweep.mlflow_parent_run_id, tags, settings.tracking_uri

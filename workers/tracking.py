@@ -51,9 +51,20 @@ MLFLOW_OUTAGE_SECONDS = 900.0
 parent run at the start, the rows not yet shipped at the end."""
 
 
+def task_tags(task_ref: str, task_name: str | None) -> dict[str, str]:
+    """The runs' task tags: `layerlab.task` is the task's own name; a Task brought as code (`task_ref` its
+    module:attribute, `task_name` its name) has the module:attribute beside it as `layerlab.task_ref`."""
+    if task_name is None or task_name == task_ref:
+        return {"layerlab.task": task_ref}
+    return {"layerlab.task": task_name, "layerlab.task_ref": task_ref}
+
+
 class SweepTracker:
-    def __init__(self, settings: Settings, store: QueueStore, claim: Claim, spec: SweepSpec) -> None:
+    def __init__(
+        self, settings: Settings, store: QueueStore, claim: Claim, spec: SweepSpec, task_name: str | None = None
+    ) -> None:
         self.settings, self.store, self.claim, self.spec = settings, store, claim, spec
+        self.task_tags = task_tags(spec.task, task_name)
         self.sweep_id = claim.sweep_id
         self.provenance = {**provenance(), "attempt": claim.attempt, "worker_id": claim.worker_id}
         if claim.code_sha256 is not None:  # the researcher's code: its hash on every run, the archive on the parent
@@ -68,7 +79,7 @@ class SweepTracker:
             self.experiment_id = self._waiting("find the experiment", self._experiment)
         self.parent_run_id = self._waiting("start the parent run", self._parent_run)
         store.set_fields(claim, code=code)
-        run_tags = {"layerlab.task": spec.task, **code}
+        run_tags = {**self.task_tags, **code}
         self.shipper = MetricShipper(
             store, self.client, self.sweep_id, self.experiment_id, self.parent_run_id, run_tags, settings.tracking_uri
         )
@@ -130,7 +141,7 @@ class SweepTracker:
             run = self.client.create_run(
                 self.experiment_id,
                 run_name=f"sweep-{self.sweep_id}",
-                tags={PARENT_TAG: "parent", SWEEP_TAG: str(self.sweep_id), "layerlab.task": self.spec.task},
+                tags={PARENT_TAG: "parent", SWEEP_TAG: str(self.sweep_id), **self.task_tags},
             )
             run_id = run.info.run_id
             self.client.log_batch(run_id, params=[Param(k, param_value(v)) for k, v in self._sweep_params().items()])

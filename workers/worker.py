@@ -251,6 +251,7 @@ class Worker:
                 parse_spec(claim.spec, data_roots=self.settings.data_roots, code_task=task)
             except SpecError as exc:
                 raise ValueError(f"the params do not fit {spec.task}'s config: {'; '.join(exc.errors)}") from None
+            self.store.set_fields(claim, task_name=task.name)  # list and show name it by its own name
             self._run(claim, spec, task, code, stop, holder)
 
     def _run(
@@ -272,7 +273,7 @@ class Worker:
         if self._handles_signals:
             # ray.init installs its own SIGTERM handler (it aborts the driver); ours must win.
             self.install_signal_handlers()
-        tracker = SweepTracker(self.settings, self.store, claim, spec)
+        tracker = SweepTracker(self.settings, self.store, claim, spec, task_name=task.name)
         ledger = read_ledger(self.store, claim.sweep_id)
         storage, fs = tune_storage(self.settings.tune_storage)
         path = f"{storage.rstrip('/')}/sweep-{claim.sweep_id}"

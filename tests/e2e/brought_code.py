@@ -67,6 +67,11 @@ def check_runs_name_the_code(
     )
     assert len(children) == sweep["trials"]["total"]
     assert {c.data.tags.get("layerlab.code_sha256") for c in children} == {digest}
+    # The Task's own name (the worker read it from the code) names the sweep and its runs, the module:attribute beside.
+    named = {"layerlab.task": "own_psi.xor", "layerlab.task_ref": sweep["task"]}
+    assert sweep["task_name"] == "own_psi.xor", sweep
+    for run in (parent, *children):
+        assert {k: run.data.tags.get(k) for k in named} == named, run.data.tags
     listed = [a.path for a in client.list_artifacts(parent.info.run_id, "code")]
     assert listed == [f"code/{digest}.tar.gz"], listed
     if not download:

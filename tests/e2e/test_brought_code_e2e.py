@@ -31,6 +31,10 @@ def test_the_example_sweep_runs_its_own_code_and_registers_a_model_that_carries_
     assert s["trials"]["finished"] == 4 and s["best_metric"] == 1.0
     check_runs_name_the_code(stack.mlflow(), s, (stack.api_url, stack.headers), tmp_path)
     check_model_loads_alone("own-psi-xor", {"MLFLOW_TRACKING_URI": stack.tracking_uri}, tmp_path)
+    for command in (["show", str(sweep_id)], ["list"]):
+        wide = {**stack.env, "COLUMNS": "200"}  # the list's table folds its cells at 80
+        shown = subprocess.run([LAYERLAB, *command], env=wide, capture_output=True, text=True, timeout=60)
+        assert "own_psi.xor (xor_task:TASK)" in shown.stdout, shown.stdout
 
     # The same code again stores nothing new; a rerun repeats the spec and the code.
     again_id, said = cli_submit(stack.env, EXAMPLE)

@@ -259,6 +259,14 @@ def test_show_and_compare_name_the_code_a_sweep_brought() -> None:
     assert different_code([a, dict(a, id=4)]) is None
 
 
+def test_a_brought_task_shows_by_its_own_name_once_a_worker_read_it() -> None:
+    from service.cli_views import task_label
+
+    assert task_label({"task": "tversky.xor", "task_name": None}) == "tversky.xor"
+    assert task_label({"task": "mine:TASK", "task_name": None}) == "mine:TASK"  # queued: the API never imports it
+    assert task_label({"task": "mine:TASK", "task_name": "mine.lowrank"}) == "mine.lowrank (mine:TASK)"
+
+
 def test_compare_needs_two_sweeps(api: Api) -> None:
     result = api.invoke("compare", "3")
     assert result.exit_code == 2
