@@ -15,22 +15,30 @@ from sqlalchemy.exc import OperationalError
 
 from service import metrics
 from service.api.deps import get_principal
-from service.api.routes import code, sweeps, trials
+from service.api.routes import code, sweeps, trials, webhooks
 from service.errors import InvalidTransition, SweepNotFound
 from service.queue import QueueStore
 from service.reads import SweepReader
 from service.settings import Settings, get_settings
 from service.tokens import TokenStore
+from service.webhook_delivery import WebhookDeliverer
 
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, deliver_webhooks: bool = False) -> FastAPI:
+    """`deliver_webhooks`: run the webhook deliverer while the app runs (`layerlab serve`; tests build apps
+    without it and drive a deliverer themselves)."""
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        deliverer = WebhookDeliverer(app.state.store, settings) if deliver_webhooks else None
+        if deliverer is not None:
+            deliverer.start()
         yield
+        if deliverer is not None:
+            deliverer.stop()
         await app.state.reader.close()
 
     app = FastAPI(
@@ -47,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(sweeps.router)
     app.include_router(code.router)
     app.include_router(trials.router)
+    app.include_router(webhooks.router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
@@ -99,7 +108,7 @@ def create_served_app() -> FastAPI:
 
     for name in task_names():
         get_task(name)
-    app = create_app()
+    app = create_app(deliver_webhooks=True)
     gc.collect()
     gc.freeze()
     return app

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from service import cli_views as views
 from service.cli_claims import claims_app
+from service.cli_webhooks import webhooks_app
 from service.client import ApiError, Client
 from service.errors import SpecError
 from service.schemas import SweepPublic
@@ -32,6 +33,7 @@ app = typer.Typer(help="layerlab: sweeps of new neural-network primitives on Ray
 token_app = typer.Typer(help="API tokens (operators; talks to the queue database directly).")
 app.add_typer(token_app, name="token")
 app.add_typer(claims_app, name="claims")
+app.add_typer(webhooks_app, name="webhooks")
 
 # Environment variables the commands read beyond Settings' LAYERLAB_* fields (checked by tests/infra).
 ENV_VARS = (
@@ -77,7 +79,9 @@ def _api_failure(exc: ApiError) -> typer.Exit:
     if exc.status == 422 and exc.errors:
         for e in exc.errors:
             err.print(f"  {e}", highlight=False, markup=False)
-        return _fail("the sweep spec is invalid; fix the fields above", 2)
+        return _fail(
+            "the sweep spec is invalid; fix the fields above" if "sweep spec" in exc.message else exc.message, 2
+        )
     return _fail(exc.message)
 
 

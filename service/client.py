@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from service.schemas import SweepList, SweepPublic, TrialList
+from service.schemas import SweepList, SweepPublic, TrialList, WebhookCreated, WebhookList
 from service.settings import get_settings
 from service.states import TERMINAL
 
@@ -83,13 +83,18 @@ class Client:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _answer(self, method: str, path: str, resp: httpx.Response) -> Any:
+        if resp.status_code == 204:
+            return None
         if resp.status_code < 400:
             return resp.json()
         detail: Any = resp.text
         if "json" in resp.headers.get("content-type", ""):
             detail = resp.json().get("detail")
         if resp.status_code == 422 and isinstance(detail, dict):
-            raise ApiError("the sweep spec is invalid; fix the fields listed", 422, list(detail.get("errors", [])))
+            errors = list(detail.get("errors", []))
+            if detail.get("message") == "invalid webhook":
+                raise ApiError("the webhook was refused; fix what is listed", 422, errors)
+            raise ApiError("the sweep spec is invalid; fix the fields listed", 422, errors)
         if resp.status_code == 401 and not self.token:
             raise ApiError(
                 f"the API at {self.url} needs a token: set LAYERLAB_API_TOKEN (an operator creates one with "
@@ -200,6 +205,20 @@ class Client:
 
     def compare(self, sweep_ids: list[int]) -> list[tuple[SweepPublic, TrialList]]:
         return [(self.sweep(i), self.trials(i)) for i in sweep_ids]
+
+    # --- webhooks (service/webhooks.py: what is sent and how to check its signature) ----------
+
+    def add_webhook(self, url: str, secret: str | None = None) -> WebhookCreated:
+        """POST each of your sweeps' ends to `url` from now on; the answer holds the signing secret (only here)."""
+        body = {"url": url, **({"secret": secret} if secret is not None else {})}
+        return WebhookCreated.model_validate(self.request("POST", "/webhooks", json=body))
+
+    def webhooks(self) -> WebhookList:
+        """Your webhooks, each with its newest deliveries and their tries."""
+        return WebhookList.model_validate(self.request("GET", "/webhooks"))
+
+    def remove_webhook(self, webhook_id: int) -> None:
+        self.request("DELETE", f"/webhooks/{webhook_id}")
 
     # --- results --------------------------------------------------------------------------
 

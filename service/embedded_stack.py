@@ -149,6 +149,10 @@ class Keeper:
             "MLFLOW_DISABLE_TELEMETRY": "true",
             "LAYERLAB_HOME": str(settings.home_abs),
             "LAYERLAB_MLFLOW_UI_URL": f"http://127.0.0.1:{self.state.ports['mlflow']}",
+            # One machine, one researcher: a webhook receiver on this machine is the usual case here. The
+            # production stack keeps the default (public addresses only).
+            "LAYERLAB_WEBHOOK_ALLOW_PRIVATE": os.environ.get("LAYERLAB_WEBHOOK_ALLOW_PRIVATE", "true"),
+            "LAYERLAB_API_URL": os.environ.get("LAYERLAB_API_URL", f"http://127.0.0.1:{self.state.ports['api']}"),
         }
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         """The parts this keeper started: it must reap them, or a dead one stays a zombie that looks alive."""

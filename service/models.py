@@ -206,6 +206,60 @@ class ApiToken(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 
 
+class Webhook(Base):
+    """A URL a user registered to hear of their sweeps' ends (service.webhooks). The secret signs each event
+    (HMAC-SHA256); it is shown once, at registration, and never logged."""
+
+    __tablename__ = "webhooks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(String(100), index=True)
+    url: Mapped[str] = mapped_column(String(2000))
+    secret: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    removed_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class WebhookDelivery(Base):
+    """One event for one webhook: a sweep of its owner ended (at `ended_at`: a resumed sweep that ends again is
+    a new event). The payload is fixed when the row is made, so every attempt sends the same bytes."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("webhook_id", "sweep_id", "ended_at", name="uq_delivery_webhook_sweep_end"),
+        Index("ix_deliveries_due", "state", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    webhook_id: Mapped[int] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"), index=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
+    ended_at: Mapped[datetime] = mapped_column(DateTime)
+    event_id: Mapped[str] = mapped_column(String(36), unique=True)
+    """Sent as X-Layerlab-Delivery: the same on every attempt, for receivers to drop a repeat."""
+    payload: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    """pending (due at next_attempt_at), delivered, or failed (its attempts used up)."""
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    claimed_until: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    """A deliverer sending it now holds it until then (an API process that died mid-send frees it by time)."""
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class WebhookAttempt(Base):
+    """One try at sending a delivery: the receiver's HTTP status, or why no answer came."""
+
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[int] = mapped_column(ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)
+
+
 def owner_running(sweep: Any) -> Any:
     """SQL: how many sweeps of `sweep`'s owner (a Sweep entity or alias) are running; sweeps without an owner
     count as one owner. The claim order's fair share (service/queue.py QueueStore.claim)."""

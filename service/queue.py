@@ -38,6 +38,7 @@ from service.routing import Need, Node, fits_sql
 from service.spec import SweepSpec, spec_to_yaml
 from service.store_base import waits_out_outages
 from service.trial_ledger import TrialLedger
+from service.webhook_store import WebhookRows
 from service.worker_rows import WorkerRows
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "Claim", "QueueStore", "waits_out_outages"]
@@ -61,9 +62,9 @@ class Claim:
     """The archive of the researcher's code the sweep brings (service.code_store), if any."""
 
 
-class QueueStore(TrialLedger, WorkerRows, CodeArchives):
-    """Sweeps and their leases; trial rows (TrialLedger), worker rows (WorkerRows) and brought code
-    (CodeArchives) by inheritance."""
+class QueueStore(TrialLedger, WorkerRows, CodeArchives, WebhookRows):
+    """Sweeps and their leases; trial rows (TrialLedger), worker rows (WorkerRows), brought code
+    (CodeArchives) and webhooks (WebhookRows) by inheritance."""
 
     # --- submit / read / cancel (API side) ---------------------------------------------------
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.models import Sweep, Trial
 from service.routing import Waiting
@@ -106,9 +106,9 @@ class SweepPublic(BaseModel):
             max_attempts=sweep.max_attempts,
             cancel_requested=sweep.cancel_requested,
             worker_id=sweep.worker_id,
-            submitted_at=_utc(sweep.submitted_at),
-            started_at=_utc(sweep.started_at) if sweep.started_at else None,
-            finished_at=_utc(sweep.finished_at) if sweep.finished_at else None,
+            submitted_at=utc(sweep.submitted_at),
+            started_at=utc(sweep.started_at) if sweep.started_at else None,
+            finished_at=utc(sweep.finished_at) if sweep.finished_at else None,
             metric={"name": sweep.metric_name, "mode": sweep.metric_mode},
             trials=TrialCounts(
                 total=max(sweep.trials_total, seen),
@@ -140,7 +140,7 @@ class SweepPublic(BaseModel):
         )
 
 
-def _utc(at: datetime) -> datetime:
+def utc(at: datetime) -> datetime:
     """The queue keeps naive UTC (service.models.utcnow); the API says so: RFC 3339 date-times carry an offset."""
     return at if at.tzinfo else at.replace(tzinfo=UTC)
 
@@ -208,7 +208,7 @@ class TrialPublic(BaseModel):
             node_id=trial.node_id,
             mlflow_run_id=trial.mlflow_run_id,
             reason=trial.reason,
-            updated_at=_utc(trial.updated_at),
+            updated_at=utc(trial.updated_at),
         )
 
 
@@ -220,3 +220,57 @@ class TrialList(BaseModel):
     space: list[str]
     """The searched config keys of the spec (its `space`), in the spec's order."""
     trials: list[TrialPublic]
+
+
+# --- webhooks (service/webhooks.py) ---------------------------------------------------------------
+
+
+class WebhookIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=1, max_length=2000, description="http(s) URL that receives a POST per sweep end.")
+    secret: str | None = Field(
+        default=None,
+        min_length=16,
+        max_length=200,
+        description="Signs each event (HMAC-SHA256); a random one is made when left out. Shown once.",
+    )
+
+
+class WebhookCreated(BaseModel):
+    id: int
+    url: str
+    secret: str
+    """The signing secret: shown here only; keep it with the receiver (service.webhooks.verify)."""
+    created_at: datetime
+
+
+class AttemptPublic(BaseModel):
+    at: datetime
+    status_code: int | None
+    error: str | None
+    seconds: float
+
+
+class DeliveryPublic(BaseModel):
+    event_id: str
+    sweep_id: int
+    state: str
+    """pending (next try at next_attempt_at), delivered, or failed (its tries used up, or the webhook removed)."""
+    attempts: int
+    next_attempt_at: datetime
+    delivered_at: datetime | None
+    tries: list[AttemptPublic]
+
+
+class WebhookPublic(BaseModel):
+    id: int
+    owner: str
+    url: str
+    created_at: datetime
+    deliveries: list[DeliveryPublic]
+    """The newest 20, newest first."""
+
+
+class WebhookList(BaseModel):
+    webhooks: list[WebhookPublic]

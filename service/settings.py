@@ -87,6 +87,17 @@ class Settings(BaseSettings):
     api_token: str | None = Field(
         default=None, description="The CLI's API token; `<home>/api-token` (written by `layerlab up`) when unset."
     )
+    webhook_allow_private: bool = Field(
+        default=False,
+        description="Webhooks may target loopback, private and link-local addresses (service/webhooks.py). Off: "
+        "a webhook must not make the API a proxy into its own network. `layerlab up` (one machine) turns it on.",
+    )
+    webhook_poll_seconds: float = Field(
+        default=2.0, gt=0, le=60, description="How often `layerlab serve` looks for sweep ends and due deliveries."
+    )
+    webhook_backoff_seconds: float = Field(
+        default=2.0, gt=0, le=600, description="First wait after a failed delivery; it doubles each try (max 15 min)."
+    )
     # `layerlab mlflow-server` (the production tracking server): PostgreSQL stores, S3 artifacts, basic auth.
     mlflow_backend_store_uri: str | None = Field(default=None, description="SQLite under `home` when unset.")
     mlflow_auth_db_uri: str | None = Field(default=None, description="Users of basic auth; SQLite under `home`.")

@@ -8,16 +8,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from service.local_ray import free_port
 
-__all__ = ["LAYERLAB", "PG_BIN", "PrivatePostgres", "free_port", "private_postgres", "wait_until"]
+__all__ = ["LAYERLAB", "PG_BIN", "PrivatePostgres", "Receiver", "free_port", "private_postgres", "wait_until"]
 
 LAYERLAB = str(Path(sys.executable).with_name("layerlab"))
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -81,3 +83,43 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         if pg.running():
             pg.stop()
         shutil.rmtree(data, ignore_errors=True)
+
+
+class Receiver:
+    """An HTTP server on loopback that keeps every POST and answers `status`."""
+
+    def __init__(self, port: int | None = None, status: int = 200) -> None:
+        self.port = port or free_port()
+        self.status = status
+        self.got: list[tuple[dict[str, str], bytes]] = []
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def start(self) -> Receiver:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.got.append(({k: v for k, v in self.headers.items()}, body))
+                self.send_response(outer.status)
+                if 300 <= outer.status < 400:
+                    self.send_header("Location", "http://127.0.0.1:1/elsewhere")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        ThreadingHTTPServer.allow_reuse_address = True
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()

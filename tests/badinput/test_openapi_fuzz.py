@@ -41,6 +41,9 @@ OPERATIONS = {
     "GET /sweeps/{sweep_id}/trials",
     "GET /sweeps/{sweep_id}/code",
     "POST /code",
+    "POST /webhooks",
+    "GET /webhooks",
+    "DELETE /webhooks/{webhook_id}",
 }
 CHECKS = [
     not_a_server_error,
@@ -51,7 +54,7 @@ CHECKS = [
 ]
 EXAMPLES = 25
 """Per operation and mode; the whole file stays under a minute on two busy cores."""
-NO_INPUT = {"GET /healthz", "GET /metrics"}
+NO_INPUT = {"GET /healthz", "GET /metrics", "GET /webhooks"}
 ANY_INPUT = {"POST /code"}
 """Its only input is a body of any bytes: no request breaks its schema (the archive's own checks refuse
 what is not one, tests/service/test_code_api.py)."""

@@ -103,6 +103,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "LAYERLAB_LEASE_SECONDS": "8",
         "LAYERLAB_POLL_SECONDS": "0.5",
         "LAYERLAB_RAY_NUM_CPUS": "2",
+        "LAYERLAB_WEBHOOK_ALLOW_PRIVATE": "true",  # the tests' receivers listen on loopback
+        "LAYERLAB_WEBHOOK_POLL_SECONDS": "0.5",
         "RAY_TMPDIR": ray_tmp,
     }
     env.pop("RAY_ADDRESS", None)

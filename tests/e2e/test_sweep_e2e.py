@@ -25,7 +25,7 @@ from service.spec import Domain, parse_spec
 from workers.registration import load_best_model
 from workers.trainable import stored_checkpoints
 
-from .conftest import Stack
+from .conftest import Stack, wait_until
 
 pytestmark = pytest.mark.stack
 
@@ -308,3 +308,40 @@ def test_a_stop_rule_ends_the_sweep_cleanly_with_its_reason(workers: Stack, name
     assert {r.info.status for r in runs} <= {"FINISHED", "KILLED"}, [(r.info.run_name, r.info.status) for r in runs]
     finished_runs = [r for r in runs if r.data.tags.get("mlflow.parentRunId") and r.info.status == "FINISHED"]
     assert len(finished_runs) == t["finished"]
+
+
+HOOKED = """
+name: e2e-hooked
+task: tversky.xor
+metric: {name: accuracy, mode: max}
+params: {features: 16, steps: 100, report_every: 50, intersection: product}
+"""
+
+
+def test_the_served_api_posts_a_signed_event_when_the_sweep_ends(workers: Stack) -> None:
+    from layerlab import Client
+    from service.webhooks import verify
+    from tests.support import Receiver
+
+    receiver = Receiver().start()
+    client = Client(workers.api_url, workers.env["LAYERLAB_API_TOKEN"])
+    hook = client.add_webhook(receiver.url)
+    try:
+        submitted = workers.submit(HOOKED)
+        workers.start_worker("w-hook")
+        s = workers.wait_state(submitted["id"], ("succeeded", "failed", "cancelled"), timeout=240)
+        assert s["state"] == "succeeded", s
+
+        def ours() -> list[tuple[dict[str, str], bytes]]:  # other sweeps of this module may end meanwhile
+            return [(h, b) for h, b in receiver.got if json.loads(b)["sweep"]["id"] == s["id"]]
+
+        wait_until(ours, timeout=30, what="the event at the receiver")
+    finally:
+        client.remove_webhook(hook.id)
+        receiver.stop()
+    ((headers, body),) = ours()
+    assert verify(hook.secret, headers["X-Layerlab-Timestamp"], body, headers["X-Layerlab-Signature"])
+    event = json.loads(body)
+    assert event["sweep"]["state"] == "succeeded" and event["sweep"]["best_metric"] == s["best_metric"]
+    assert event["links"]["sweep"] == f"{workers.api_url}/sweeps/{s['id']}"
+    assert event["links"]["parent_run"] == s["mlflow"]["parent_run_url"]
