@@ -309,6 +309,20 @@ def resume(sweep_id: int) -> None:
 
 
 @app.command()
+def extend(
+    sweep_id: int,
+    samples: Annotated[int, typer.Option("--samples", min=1, max=10_000, help="How many trials to add.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Show the progress bar until it ends.")] = False,
+) -> None:
+    """Add trials to a succeeded or failed sweep of random or optuna search (the searcher sees every earlier
+    trial; summary and claims are rebuilt over all of them)."""
+    s = _api("POST", f"/sweeps/{sweep_id}/extend", params={"samples": samples})
+    out.print(f"sweep {sweep_id}: {s['state']} again, {samples} more trials ({s['trials']['total']} in all)")
+    if wait:
+        watch(sweep_id)
+
+
+@app.command()
 def pull(
     model: Annotated[str, typer.Argument(help="NAME, NAME@ALIAS or NAME/VERSION from the Model Registry.")],
     dest: Annotated[Path, typer.Argument(help="Folder to download the model into.")],

@@ -203,6 +203,11 @@ class Client:
     def resume(self, sweep_id: int) -> SweepPublic:
         return SweepPublic.model_validate(self.request("POST", f"/sweeps/{sweep_id}/resume"))
 
+    def extend(self, sweep_id: int, samples: int) -> SweepPublic:
+        """Queue `samples` more trials of a succeeded or failed random / optuna sweep (README: `layerlab extend`)."""
+        answer = self.request("POST", f"/sweeps/{sweep_id}/extend", params={"samples": samples})
+        return SweepPublic.model_validate(answer)
+
     def compare(self, sweep_ids: list[int]) -> list[tuple[SweepPublic, TrialList]]:
         return [(self.sweep(i), self.trials(i)) for i in sweep_ids]
 

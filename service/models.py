@@ -94,6 +94,11 @@ class Sweep(Base):
     code_sha256: Mapped[str | None] = mapped_column(ForeignKey("code_archives.sha256"), nullable=True)
     """The researcher's code the sweep brings (spec `code`): a row of code_archives, None for built-in tasks."""
     importances: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
+    extensions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """How many times `extend` added trials; the latest extension's trials run as the Tune experiment
+    `sweep-<id>-x<extensions>` (workers.sweep.experiment_name), each earlier one's results read with it."""
+    extension_samples: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """Trials the latest extension adds (its Tune experiment's num_samples)."""
     task_name: Mapped[str | None] = mapped_column(String(200), nullable=True)
     """A sweep that brings code: its Task's own name (`mine.lowrank`), written by the worker once it imported the
     code (the API never imports it; `task` holds the module:attribute). None for a built-in task."""

@@ -22,7 +22,7 @@ from sqlalchemy import Table, func, select, update
 from sqlalchemy.orm import Session
 
 from service.code_store import CodeArchives
-from service.errors import LeaseLost, SweepNotFound
+from service.errors import InvalidTransition, LeaseLost, SweepNotFound
 from service.models import (
     TERMINAL,
     Event,
@@ -60,6 +60,9 @@ class Claim:
     mlflow_parent_run_id: str | None
     code_sha256: str | None = None
     """The archive of the researcher's code the sweep brings (service.code_store), if any."""
+    extensions: int = 0
+    """How many times `extend` added trials (0: the sweep as submitted); see Sweep.extensions."""
+    extension_samples: int | None = None
 
 
 class QueueStore(TrialLedger, WorkerRows, CodeArchives, WebhookRows):
@@ -155,6 +158,33 @@ class QueueStore(TrialLedger, WorkerRows, CodeArchives, WebhookRows):
             sweep.max_attempts = sweep.attempts + fresh
             s.add(Event(sweep_id=sweep_id, action="resume", detail=f"was {was}; {fresh} more attempts"))
         log.info("resume sweep %s", sweep_id, extra={"action": "resume", "job_id": sweep_id})
+        return sweep
+
+    def extend(self, sweep_id: int, samples: int, attempts: int | None = None) -> Sweep:
+        """Queue `samples` more trials of a succeeded or failed sweep of random or optuna search, with fresh
+        attempts. Its trials, runs and summary stay; the next worker runs the new trials as one more Tune
+        experiment under the same parent run (its searcher told every earlier trial's result) and rebuilds the
+        summary over all of them. InvalidTransition (409) for a grid sweep or one not ended that way."""
+        with self.session() as s, s.begin():
+            sweep = self._locked(s, sweep_id)
+            spec = SweepSpec.model_validate(sweep.spec)
+            if spec.search.algorithm == "grid":
+                raise InvalidTransition(
+                    sweep_id, sweep.state, "extend",
+                    "a grid sweep has nothing new to draw: every grid point ran; `rerun` repeats it, or search "
+                    "with random or optuna",
+                )  # fmt: skip
+            was = sweep.state
+            sweep.state = next_state(sweep_id, was, SweepEvent.extend).value
+            fresh = attempts or spec.max_attempts or DEFAULT_MAX_ATTEMPTS
+            sweep.reason, sweep.finished_at = None, None
+            sweep.cancel_requested, sweep.mlflow_closed = False, False
+            sweep.max_attempts = sweep.attempts + fresh
+            sweep.extensions += 1
+            sweep.extension_samples = samples
+            sweep.trials_total += samples
+            s.add(Event(sweep_id=sweep_id, action="extend", detail=f"was {was}; {samples} more trials"))
+        log.info("extend sweep %s by %s trials", sweep_id, samples, extra={"action": "extend", "job_id": sweep_id})
         return sweep
 
     def unclosed(self) -> list[Sweep]:
@@ -285,6 +315,8 @@ class QueueStore(TrialLedger, WorkerRows, CodeArchives, WebhookRows):
                 sweep.mlflow_experiment_id,
                 sweep.mlflow_parent_run_id,
                 sweep.code_sha256,
+                sweep.extensions,
+                sweep.extension_samples,
             )
         log.info("claim sweep %s", claim.sweep_id, extra={"action": "claim", "job_id": claim.sweep_id})
         return claim

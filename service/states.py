@@ -28,6 +28,8 @@ class SweepEvent(enum.StrEnum):
     requeue = "requeue"
     """Given back by its worker, or its lease expired with attempts left."""
     resume = "resume"
+    extend = "extend"
+    """More trials for a succeeded or failed sweep of random or optuna search (`layerlab extend`)."""
 
 
 TRANSITIONS: dict[tuple[SweepState, SweepEvent], SweepState] = {
@@ -39,12 +41,19 @@ TRANSITIONS: dict[tuple[SweepState, SweepEvent], SweepState] = {
     (SweepState.running, SweepEvent.requeue): SweepState.queued,
     (SweepState.failed, SweepEvent.resume): SweepState.queued,
     (SweepState.cancelled, SweepEvent.resume): SweepState.queued,
+    (SweepState.succeeded, SweepEvent.extend): SweepState.queued,
+    (SweepState.failed, SweepEvent.extend): SweepState.queued,
 }
 """Every legal move of a sweep: (from-state, event) -> to-state. service/queue.py makes each move through
 `next_state`; a move not in the table is refused (InvalidTransition)."""
-TERMINAL = tuple(state for state in SweepState if {e for (f, e) in TRANSITIONS if f == state} <= {SweepEvent.resume})
-"""The states a sweep ends in: none but `resume` leads out of them (succeeded, failed, cancelled)."""
-REFUSAL_HINTS = {SweepEvent.resume: "only a failed or cancelled sweep resumes"}
+REOPEN = {SweepEvent.resume, SweepEvent.extend}
+"""What an operator or owner does to an ended sweep to run it again."""
+TERMINAL = tuple(state for state in SweepState if {e for (f, e) in TRANSITIONS if f == state} <= REOPEN)
+"""The states a sweep ends in: none but `resume` or `extend` leads out of them (succeeded, failed, cancelled)."""
+REFUSAL_HINTS = {
+    SweepEvent.resume: "only a failed or cancelled sweep resumes",
+    SweepEvent.extend: "only a succeeded or failed sweep extends; a cancelled one resumes",
+}
 
 
 def next_state(sweep_id: int, state: str, event: SweepEvent) -> SweepState:

@@ -54,16 +54,34 @@ def make_trainable(spec: SweepSpec, storage_path: str, ledger: Ledger, fence: Fe
     return tune.with_resources(fn, {"CPU": res.cpus, "GPU": res.gpus})
 
 
-def make_tune_config(spec: SweepSpec) -> tune.TuneConfig:
+def experiment_name(sweep_id: int, extension: int = 0) -> str:
+    """The Tune experiment (a folder of Tune's storage) of a sweep as submitted (0), or of its extension."""
+    return f"sweep-{sweep_id}" if extension == 0 else f"sweep-{sweep_id}-x{extension}"
+
+
+Extension = tuple[int, int, list[tuple[dict[str, Any], float]]]
+"""An extension's number, its trial count, and every earlier finished trial as (searched values, final metric)."""
+
+
+def make_tune_config(spec: SweepSpec, extension: Extension | None = None) -> tune.TuneConfig:
+    """Tune's config of the sweep, or of one extension of it: its own trial count, a searcher seeded apart from
+    the earlier experiments' (else random search would draw their configs again), and for optuna every earlier
+    trial told to the study as a finished one (OptunaSearch's points_to_evaluate with evaluated_rewards: not
+    run again), so that its suggestions build on them."""
+    number, samples, history = extension if extension is not None else (0, spec.search.num_samples, [])
+    seed = None if spec.search.seed is None else spec.search.seed + number
     search_alg: Any = None
     if spec.search.algorithm == "optuna":
         from ray.tune.search.optuna import OptunaSearch
 
-        search_alg = OptunaSearch(seed=spec.search.seed)
-    elif spec.search.algorithm == "random" and spec.search.seed is not None:
+        points = [values for values, _ in history] or None
+        rewards = [value for _, value in history] or None
+        search_alg = OptunaSearch(seed=seed, points_to_evaluate=points, evaluated_rewards=rewards)
+    elif spec.search.algorithm == "random" and (seed is not None or number > 0):
         from ray.tune.search import BasicVariantGenerator
 
-        search_alg = BasicVariantGenerator(random_state=spec.search.seed)
+        # An extension of an unseeded sweep draws afresh too: Tune's own generator is not seeded then.
+        search_alg = BasicVariantGenerator(random_state=seed)
     scheduler = None
     if spec.scheduler.type == "asha":
         from ray.tune.schedulers import ASHAScheduler
@@ -79,7 +97,7 @@ def make_tune_config(spec: SweepSpec) -> tune.TuneConfig:
         mode=spec.metric.mode,
         search_alg=search_alg,
         scheduler=scheduler,
-        num_samples=spec.search.num_samples,
+        num_samples=samples,
         max_concurrent_trials=spec.max_concurrent_trials,
         time_budget_s=spec.time_budget_s,
         # Keep trial processes between trials: a fresh one pays ~3 s of torch imports each time.
@@ -88,10 +106,15 @@ def make_tune_config(spec: SweepSpec) -> tune.TuneConfig:
 
 
 def make_run_config(
-    sweep_id: int, spec: SweepSpec, metric_keys: list[str], storage_path: str, fs: pyarrow.fs.FileSystem | None
+    sweep_id: int,
+    spec: SweepSpec,
+    metric_keys: list[str],
+    storage_path: str,
+    fs: pyarrow.fs.FileSystem | None,
+    extension: int = 0,
 ) -> tune.RunConfig:
     return tune.RunConfig(
-        name=f"sweep-{sweep_id}",
+        name=experiment_name(sweep_id, extension),
         storage_path=storage_path,
         storage_filesystem=fs,
         # Tune's own record of each trial (result.json, progress.csv: what ResultGrid and a reader of the

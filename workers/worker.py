@@ -262,7 +262,7 @@ class Worker:
         from workers.callbacks import LIVE, LiveSweep
         from workers.durability import Fence, read_ledger
         from workers.storage import tune_storage
-        from workers.sweep import make_run_config, make_trainable, make_tune_config, param_space
+        from workers.sweep import experiment_name, make_run_config, make_trainable, make_tune_config, param_space
         from workers.tracking import MLFLOW_OUTAGE_SECONDS, SweepTracker
 
         # Checked at submit against the API's LAYERLAB_DATA_ROOTS; this machine's may differ.
@@ -276,7 +276,7 @@ class Worker:
         tracker = SweepTracker(self.settings, self.store, claim, spec, task_name=task.name)
         ledger = read_ledger(self.store, claim.sweep_id)
         storage, fs = tune_storage(self.settings.tune_storage)
-        path = f"{storage.rstrip('/')}/sweep-{claim.sweep_id}"
+        path = f"{storage.rstrip('/')}/{experiment_name(claim.sweep_id, claim.extensions)}"
         # Before any trial of this attempt runs: trial processes of earlier attempts stop writing from now on.
         fence = Fence.for_sweep(storage, claim.sweep_id, claim.attempt)
         try:
@@ -301,11 +301,15 @@ class Worker:
         else:
             if fs is not None:
                 Path(storage).mkdir(parents=True, exist_ok=True)
+            extension = None
+            if claim.extensions:  # `extend`: the new trials, their searcher told of every earlier one
+                history = finished_history(self.store.trials(claim.sweep_id), spec)
+                extension = (claim.extensions, claim.extension_samples or 1, history)
             tuner = tune.Tuner(
                 trainable,
                 param_space=param_space(spec),
-                tune_config=make_tune_config(spec),
-                run_config=make_run_config(claim.sweep_id, spec, logged_keys(task), storage, fs),
+                tune_config=make_tune_config(spec, extension),
+                run_config=make_run_config(claim.sweep_id, spec, logged_keys(task), storage, fs, claim.extensions),
             )
         try:
             results = tuner.fit()
@@ -334,6 +338,11 @@ class Worker:
             uri = self.settings.tracking_uri
             raise RuntimeError(f"MLflow at {uri} stayed unreachable; this sweep's metrics wait in the queue's outbox")
         kept = [results[i] for i in range(len(results))]  # a ResultGrid: indexed, not typed as iterable
+        for earlier in range(claim.extensions):  # an extended sweep's summary and best are over all its trials
+            folder = f"{storage.rstrip('/')}/{experiment_name(claim.sweep_id, earlier)}"
+            if tune.Tuner.can_restore(folder, storage_filesystem=fs):
+                grid = tune.Tuner.restore(folder, trainable=trainable, storage_filesystem=fs).get_results()
+                kept += [grid[i] for i in range(len(grid))]
         if stop.rule is not None:  # summary, claims and the best from the trials that finished, not those cut short
             finished = {t.trial_id for t in self.store.trials(claim.sweep_id) if t.state == TrialState.terminated}
             kept = [r for r in kept if trial_id_of(r) in finished]
@@ -436,6 +445,18 @@ def reconcile(live: Any, results: Any) -> None:
 
 def finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def finished_history(trials: list[Any], spec: SweepSpec) -> list[tuple[dict[str, Any], float]]:
+    """The finished trials as an extension's searcher is told of them: (searched values, final metric)."""
+    from workers.importance_plots import final_value
+
+    out = []
+    for t in trials:
+        value = final_value(t.metrics, spec.metric.name) if t.state == TrialState.terminated else math.nan
+        if math.isfinite(value) and all(k in t.config for k in spec.space):
+            out.append(({k: t.config[k] for k in spec.space}, value))
+    return out
 
 
 def trial_id_of(result: Any) -> str:

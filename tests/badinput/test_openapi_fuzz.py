@@ -38,6 +38,7 @@ OPERATIONS = {
     "POST /sweeps/{sweep_id}/cancel",
     "POST /sweeps/{sweep_id}/resume",
     "POST /sweeps/{sweep_id}/rerun",
+    "POST /sweeps/{sweep_id}/extend",
     "GET /sweeps/{sweep_id}/trials",
     "GET /sweeps/{sweep_id}/code",
     "POST /code",

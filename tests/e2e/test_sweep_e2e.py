@@ -17,11 +17,13 @@ import torch
 
 from jobs.registry import get_task
 from service.claims import judge, read_claims
+from service.client import ApiError
 from service.importance import param_importances
 from service.provenance import code_tags
 from service.queue import QueueStore
 from service.settings import Settings
 from service.spec import Domain, parse_spec
+from tests.support import LAYERLAB
 from workers.registration import load_best_model
 from workers.trainable import stored_checkpoints
 
@@ -345,3 +347,58 @@ def test_the_served_api_posts_a_signed_event_when_the_sweep_ends(workers: Stack)
     assert event["sweep"]["state"] == "succeeded" and event["sweep"]["best_metric"] == s["best_metric"]
     assert event["links"]["sweep"] == f"{workers.api_url}/sweeps/{s['id']}"
     assert event["links"]["parent_run"] == s["mlflow"]["parent_run_url"]
+
+
+EXTENDED = """
+name: e2e-extend-{search}
+task: tversky.xor
+metric: {{name: accuracy, mode: max}}
+params: {{features: 8, steps: 100, report_every: 50, intersection: product}}
+space:
+  lr: {{loguniform: [0.001, 0.3]}}
+  seed: {{randint: [0, 1000]}}
+search: {{algorithm: {search}, num_samples: 3, seed: 5}}
+max_concurrent_trials: 1
+"""
+
+
+@pytest.mark.parametrize("search", ["optuna", "random"])
+def test_extend_adds_trials_under_the_same_parent_and_rebuilds_the_summary(workers: Stack, search: str) -> None:
+    from layerlab import Client
+
+    client = Client(workers.api_url, workers.env["LAYERLAB_API_TOKEN"])
+    submitted = workers.submit(EXTENDED.format(search=search))
+    workers.start_worker(f"w-extend-{search}")
+    first = workers.wait_state(submitted["id"], ("succeeded", "failed"), timeout=240)
+    assert first["state"] == "succeeded", first
+    said = subprocess.run(
+        [LAYERLAB, "extend", str(first["id"]), "--samples", "2"], env=workers.env, capture_output=True, text=True
+    )
+    assert said.returncode == 0 and "2 more trials (5 in all)" in said.stdout, said
+    s = workers.wait_state(first["id"], ("succeeded", "failed"), timeout=240)
+    assert s["state"] == "succeeded" and s["trials"]["finished"] == s["trials"]["total"] == 5, s
+    assert s["best_metric"] >= first["best_metric"]
+    configs = [(t.config["lr"], t.config["seed"]) for t in client.trials(s["id"]).trials]
+    assert len(set(configs)) == 5, configs  # the extension drew new configs, none run again
+    mlflow = workers.mlflow()
+    children = mlflow.search_runs(
+        [s["mlflow"]["experiment_id"]], f"tags.`mlflow.parentRunId` = '{s['mlflow']['parent_run_id']}'"
+    )
+    assert len(children) == 5 and {r.info.status for r in children} == {"FINISHED"}
+    assert mlflow.get_run(s["mlflow"]["parent_run_id"]).info.status == "FINISHED"
+    trials_csv = Path(mlflow.download_artifacts(s["mlflow"]["parent_run_id"], "trials.csv", str(workers.home)))
+    assert len(trials_csv.read_text().strip().splitlines()) == 1 + 5  # the summary is over all five trials
+    queued = workers.submit(EXTENDED.format(search=search).replace("e2e-extend", "e2e-queued"))["id"]
+    with pytest.raises(ApiError, match="is queued; cannot extend it"):  # only an ended sweep extends
+        client.extend(queued, 1)
+    client.cancel(queued)  # the module's later tests start workers: leave them nothing queued
+
+
+def test_extend_refuses_a_grid_sweep_naming_why(workers: Stack) -> None:
+    from layerlab import Client
+
+    client = Client(workers.api_url, workers.env["LAYERLAB_API_TOKEN"])
+    submitted = workers.submit(HOOKED.replace("e2e-hooked", "e2e-grid-extend") + "space: {seed: {grid: [0, 1]}}\n")
+    with pytest.raises(ApiError, match="a grid sweep has nothing new to draw"):
+        client.extend(submitted["id"], 3)
+    assert client.cancel(submitted["id"]).state == "cancelled"

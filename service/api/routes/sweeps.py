@@ -183,6 +183,30 @@ def resume_sweep(sweep_id: SweepId, store: StoreDep, settings: SettingsDep, prin
 
 
 @router.post(
+    "/{sweep_id}/extend",
+    response_model=SweepPublic,
+    responses={
+        403: error_doc("the sweep belongs to another user"),
+        404: error_doc("no sweep with this id"),
+        409: error_doc("a grid sweep, or one that is queued, running or cancelled"),
+    },
+)
+def extend_sweep(
+    sweep_id: SweepId,
+    store: StoreDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+    samples: Annotated[int, Query(ge=1, le=10_000, description="How many trials to add.")],
+) -> SweepPublic:
+    """Queue more trials of a succeeded or failed sweep of random or optuna search: they are drawn by a searcher
+    told of every earlier trial (optuna: their configs and results, not run again), logged under the same
+    parent run, and the summary, plots, importances and claims are rebuilt over all trials. Owner or admin."""
+    _check_owner(store, sweep_id, principal, "extend")
+    sweep = store.extend(sweep_id, samples)
+    return SweepPublic.build(sweep, store.trial_counts(sweep_id), settings.mlflow_ui_url)
+
+
+@router.post(
     "/{sweep_id}/rerun",
     status_code=status.HTTP_201_CREATED,
     response_model=SweepPublic,
