@@ -79,9 +79,7 @@ def _api_failure(exc: ApiError) -> typer.Exit:
     if exc.status == 422 and exc.errors:
         for e in exc.errors:
             err.print(f"  {e}", highlight=False, markup=False)
-        return _fail(
-            "the sweep spec is invalid; fix the fields above" if "sweep spec" in exc.message else exc.message, 2
-        )
+        return _fail("the sweep spec is invalid; fix the fields above", 2)
     return _fail(exc.message)
 
 

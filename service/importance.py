@@ -18,8 +18,10 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from service.states import TrialState
+
 if TYPE_CHECKING:
-    from service.spec import Domain
+    from service.spec import Domain, SweepSpec
 
 MIN_TRIALS = 3
 """Fewer finished trials say nothing about importance (fANOVA needs some spread to split)."""
@@ -93,3 +95,20 @@ def _is_categorical(dist: Any) -> bool:
     from optuna.distributions import CategoricalDistribution
 
     return isinstance(dist, CategoricalDistribution)
+
+
+def final_value(metrics: Mapping[str, Any] | None, metric: str) -> float:
+    """A trial row's final value of `metric`; NaN when it has none."""
+    value = (metrics or {}).get(metric)
+    return float(value) if isinstance(value, int | float) else math.nan
+
+
+def finished_history(trials: list[Any], spec: SweepSpec) -> list[tuple[dict[str, Any], float]]:
+    """The finished trials with a finite final metric, as (searched values, final value): what the importances
+    are fitted to, and what an extension's searcher is told of (workers.worker)."""
+    out = []
+    for t in trials:
+        value = final_value(t.metrics, spec.metric.name) if t.state == TrialState.terminated else math.nan
+        if math.isfinite(value) and all(k in t.config for k in spec.space):
+            out.append(({k: t.config[k] for k in spec.space}, value))
+    return out

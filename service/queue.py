@@ -65,6 +65,20 @@ class Claim:
     extension_samples: int | None = None
 
 
+def _reopen(sweep: Sweep, event: SweepEvent, attempts: int | None) -> tuple[str, int]:
+    """Queue an ended sweep again by `event` (resume, extend) with `attempts` fresh claims (the spec's
+    max_attempts, else the default): its end, cancel request and closed runs cleared. The attempt counter
+    keeps counting (max_attempts grows instead), so a worker of an earlier attempt stays fenced out. Returns
+    the state it left and the attempts it was given."""
+    was = sweep.state
+    sweep.state = next_state(sweep.id, was, event).value
+    fresh = attempts or SweepSpec.model_validate(sweep.spec).max_attempts or DEFAULT_MAX_ATTEMPTS
+    sweep.reason, sweep.finished_at = None, None
+    sweep.cancel_requested, sweep.mlflow_closed = False, False
+    sweep.max_attempts = sweep.attempts + fresh
+    return was, fresh
+
+
 class QueueStore(TrialLedger, WorkerRows, CodeArchives, WebhookRows):
     """Sweeps and their leases; trial rows (TrialLedger), worker rows (WorkerRows), brought code
     (CodeArchives) and webhooks (WebhookRows) by inheritance."""
@@ -150,12 +164,7 @@ class QueueStore(TrialLedger, WorkerRows, CodeArchives, WebhookRows):
         (max_attempts grows instead): a worker of an earlier attempt stays fenced out."""
         with self.session() as s, s.begin():
             sweep = self._locked(s, sweep_id)
-            was = sweep.state
-            sweep.state = next_state(sweep_id, was, SweepEvent.resume).value
-            fresh = attempts or SweepSpec.model_validate(sweep.spec).max_attempts or DEFAULT_MAX_ATTEMPTS
-            sweep.reason, sweep.finished_at = None, None
-            sweep.cancel_requested, sweep.mlflow_closed = False, False
-            sweep.max_attempts = sweep.attempts + fresh
+            was, fresh = _reopen(sweep, SweepEvent.resume, attempts)
             s.add(Event(sweep_id=sweep_id, action="resume", detail=f"was {was}; {fresh} more attempts"))
         log.info("resume sweep %s", sweep_id, extra={"action": "resume", "job_id": sweep_id})
         return sweep
@@ -174,12 +183,7 @@ class QueueStore(TrialLedger, WorkerRows, CodeArchives, WebhookRows):
                     "a grid sweep has nothing new to draw: every grid point ran; `rerun` repeats it, or search "
                     "with random or optuna",
                 )  # fmt: skip
-            was = sweep.state
-            sweep.state = next_state(sweep_id, was, SweepEvent.extend).value
-            fresh = attempts or spec.max_attempts or DEFAULT_MAX_ATTEMPTS
-            sweep.reason, sweep.finished_at = None, None
-            sweep.cancel_requested, sweep.mlflow_closed = False, False
-            sweep.max_attempts = sweep.attempts + fresh
+            was, _ = _reopen(sweep, SweepEvent.extend, attempts)
             sweep.extensions += 1
             sweep.extension_samples = samples
             sweep.trials_total += samples

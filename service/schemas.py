@@ -74,11 +74,11 @@ class SweepPublic(BaseModel):
     """The researcher's code the sweep brings (spec `code`; GET /sweeps/{id}/code), by its archive's sha256;
     null for a built-in task."""
     importances: dict[str, float] | None = None
+    """What mattered: searched parameter -> its share of the variance of the final metric over the finished
+    trials (fANOVA, a fixed forest seed), largest first; null until the sweep's summary, or with < 3 trials."""
     task_name: str | None = None
     """A sweep that brings code: its Task's own name, known once a worker imported the code (`task` is the
     module:attribute the spec names); null for a built-in task."""
-    """What mattered: searched parameter -> its share of the variance of the final metric over the finished
-    trials (fANOVA, a fixed forest seed), largest first; null until the sweep's summary, or with < 3 trials."""
 
     @classmethod
     def build(

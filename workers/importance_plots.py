@@ -22,6 +22,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
+from service.importance import final_value
 from workers.summary_plots import (
     TITLE_Y,
     Searched,
@@ -144,9 +145,3 @@ def draw_importance(
     )
     stem = metric.replace("/", "_")
     return [save(fig, folder / f"{stem}_{suffix}.png") for suffix, fig in figures.items()]
-
-
-def final_value(metrics: Mapping[str, Any] | None, metric: str) -> float:
-    """A trial row's final value of `metric`; NaN when it has none."""
-    value = (metrics or {}).get(metric)
-    return float(value) if isinstance(value, int | float) else math.nan

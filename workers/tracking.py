@@ -31,7 +31,6 @@ from service.provenance import code_identity, provenance, provenance_tags
 from service.queue import Claim, QueueStore
 from service.settings import Settings
 from service.spec import SweepSpec
-from service.states import TrialState
 from workers.mlflow_store import (
     PARENT_TAG,
     SWEEP_TAG,
@@ -206,10 +205,9 @@ class SweepTracker:
 
     def _importances(self, trials: list[Any]) -> dict[str, float] | None:
         """What mattered (service.importance) over the finished trials, kept on the sweep's row for `show`."""
-        from workers.importance_plots import final_value
+        from service.importance import finished_history
 
-        metric = self.spec.metric.name
-        finished = [(t.config, final_value(t.metrics, metric)) for t in trials if t.state == TrialState.terminated]
+        finished = finished_history(trials, self.spec)
         importances = param_importances(self.spec.space, finished, self.spec.metric.mode or "max")
         self.store.set_fields(self.claim, importances=importances)
         return importances

@@ -303,6 +303,8 @@ class Worker:
                 Path(storage).mkdir(parents=True, exist_ok=True)
             extension = None
             if claim.extensions:  # `extend`: the new trials, their searcher told of every earlier one
+                from service.importance import finished_history
+
                 history = finished_history(self.store.trials(claim.sweep_id), spec)
                 extension = (claim.extensions, claim.extension_samples or 1, history)
             tuner = tune.Tuner(
@@ -445,18 +447,6 @@ def reconcile(live: Any, results: Any) -> None:
 
 def finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def finished_history(trials: list[Any], spec: SweepSpec) -> list[tuple[dict[str, Any], float]]:
-    """The finished trials as an extension's searcher is told of them: (searched values, final metric)."""
-    from workers.importance_plots import final_value
-
-    out = []
-    for t in trials:
-        value = final_value(t.metrics, spec.metric.name) if t.state == TrialState.terminated else math.nan
-        if math.isfinite(value) and all(k in t.config for k in spec.space):
-            out.append(({k: t.config[k] for k in spec.space}, value))
-    return out
 
 
 def trial_id_of(result: Any) -> str:

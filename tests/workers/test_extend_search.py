@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from service.importance import finished_history
 from service.spec import parse_spec
 from workers.sweep import make_tune_config, param_space
-from workers.worker import finished_history
 
 SPEC = parse_spec({
     "name": "ext", "task": "tversky.xor", "metric": {"name": "accuracy", "mode": "max"}, "params": {"steps": 50},
