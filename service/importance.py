@@ -72,6 +72,8 @@ def param_importances(
     varied = [n for n in dists if len({repr(_category(c[n])) for c, _ in done}) > 1]
     if len(done) < MIN_TRIALS or not varied or len({v for _, v in done}) < 2:
         return None  # (every trial the same value: no variance to share out)
+    for n in varied:  # PBT moves a trial's values out of the space it was drawn from (its own hyperparam ranges)
+        dists[n] = _covering(dists[n], [c[n] for c, _ in done])
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="minimize" if mode == "min" else "maximize")
     for config, value in done:
@@ -89,6 +91,21 @@ def param_importances(
             return None
         raise
     return dict(sorted(((n, float(v)) for n, v in scores.items()), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _covering(dist: Any, values: list[Any]) -> Any:
+    """A numeric distribution widened to hold every value the trials took (a category list stays as it is)."""
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    if not isinstance(dist, FloatDistribution | IntDistribution):
+        return dist
+    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    low, high = min([dist.low, *numbers]), max([dist.high, *numbers])
+    if (low, high) == (dist.low, dist.high):
+        return dist
+    if isinstance(dist, IntDistribution):
+        return IntDistribution(int(low), int(high), log=dist.log)
+    return FloatDistribution(low, high, log=dist.log)
 
 
 def _is_categorical(dist: Any) -> bool:

@@ -167,6 +167,8 @@ class OutboxRow(Base):
     metrics: Mapped[dict[str, float]] = mapped_column(JSON)
     files: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)
     """Files the task logged with this step: name -> base64."""
+    tags: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)
+    """Tags the step sets on the trial's run (a PBT exploit: workers.pbt)."""
     shipped: Mapped[bool] = mapped_column(Boolean, default=False)
 
 

@@ -93,10 +93,24 @@ class Search(_Strict):
 
 
 class Scheduler(_Strict):
-    type: Literal["fifo", "asha"] = "fifo"
+    type: Literal["fifo", "asha", "pbt"] = "fifo"
     max_t: int = Field(default=100, ge=1, description="ASHA: most iterations a trial may run.")
     grace_period: int = Field(default=1, ge=1, description="ASHA: iterations before a trial may be stopped.")
     reduction_factor: float = Field(default=2.0, gt=1, le=100)
+    perturbation_interval: int = Field(
+        default=4, ge=1, le=100_000, description="PBT: reports between two exploit/explore rounds of the population."
+    )
+    hyperparam_mutations: dict[str, Domain] = Field(
+        default_factory=dict,
+        description="PBT: the params it may change, each with the range it resamples from; a perturbed number "
+        "is multiplied by 0.8 or 1.2 and kept inside that range.",
+    )
+    quantile_fraction: float = Field(
+        default=0.25, gt=0, le=0.5, description="PBT: the bottom fraction copies the weights of the top fraction."
+    )
+    resample_probability: float = Field(
+        default=0.25, ge=0, le=1, description="PBT: chance a mutated param is drawn afresh rather than perturbed."
+    )
 
     @model_validator(mode="after")
     def _grace_below_max(self) -> Scheduler:
@@ -286,6 +300,8 @@ with warnings.catch_warnings():
                         "metric.mode: with `code` the service does not import your code to read the metric's "
                         "direction; give min or max"
                     )
+            if self.scheduler.type == "pbt":
+                self._pbt_fits()
             ids = [c.id for c in self.claims]
             doubled = next((i for i, c in enumerate(ids) if ids.index(c) != i), None)
             if doubled is not None:
@@ -296,6 +312,42 @@ with warnings.catch_warnings():
                     f"(num_samples x grid sizes); at most {MAX_TRIALS} are allowed"
                 )
             return self
+
+        def _pbt_fits(self) -> None:
+            """PBT rewrites trial configs as it goes, which Tune allows only with its own random or grid
+            variants, and restores weights through a one-process trial's checkpoints."""
+            if self.search.algorithm == "optuna":
+                raise ValueError(
+                    "search.algorithm: PBT changes the trials' configs itself, which optuna cannot "
+                    "follow; use random (or grid) with scheduler type pbt"
+                )
+            if self.trials_total < 2:
+                raise ValueError(
+                    f"search.num_samples: PBT needs a population of at least 2 trials, got {self.trials_total}"
+                )
+            if self.uses_train:
+                raise ValueError(
+                    "scheduler.type: pbt runs one-process trials; set resources.workers to 1 and "
+                    "resources.gpus to 0, or use fifo or asha"
+                )
+            mutations = self.scheduler.hyperparam_mutations
+            if not mutations:
+                raise ValueError(
+                    "scheduler.hyperparam_mutations: type pbt needs the params PBT may change, each with "
+                    "its range (e.g. lr: {loguniform: [1e-4, 1e-2]})"
+                )
+            grids = sorted(k for k, d in mutations.items() if d.kind == "grid")
+            if grids:
+                raise ValueError(
+                    f"scheduler.hyperparam_mutations{key_segment(grids[0])}: PBT draws from a range or "
+                    "a choice, not a grid; use choice"
+                )
+            unknown = sorted(set(mutations) - set(self.space) - set(self.params))
+            if unknown:
+                raise ValueError(
+                    f"scheduler.hyperparam_mutations{key_segment(unknown[0])}: not a param of the "
+                    "sweep; give its first value in space (searched) or params (fixed)"
+                )
 
         @property
         def trials_total(self) -> int:
@@ -557,6 +609,9 @@ def parse_spec(
     if task is not None:
         space = spec.space if spec else _parse_domains(data.get("space"))
         errors += _task_param_errors(task, data.get("params", {}), space)
+        if spec is not None and spec.scheduler.hyperparam_mutations:  # each range PBT may draw from, like space's
+            found = _task_param_errors(task, data.get("params", {}), spec.scheduler.hyperparam_mutations)
+            errors += [f"scheduler.hyperparam_mutations{e[len('space') :]}" for e in found if e.startswith("space")]
         roots = get_settings().data_roots if data_roots is None else data_roots
         params = data.get("params")
         errors += data_path_errors(task.config, params if isinstance(params, dict) else {}, space, roots)

@@ -95,9 +95,10 @@ class TrialLedger(StoreBase):
         metrics: dict[str, float],
         node_id: str | None = None,
         files: dict[str, str] | None = None,
+        tags: dict[str, str] | None = None,
     ) -> bool:
         """Record a reported step: the trial's progress (its latest result, unless an older iteration comes late)
-        and the step's outbox row (metrics, files as name -> base64, the timestamp MLflow will show), in one
+        and the step's outbox row (metrics, files as name -> base64, run tags, the timestamp MLflow will show), in one
         transaction. The first value of a step wins: a step reported again (a trial resumed from an older
         checkpoint) adds nothing. Returns whether the row is new."""
         newer = bindparam("iteration", iteration, type_=Integer) >= TRIALS.c.iteration  # SET sees the old row
@@ -105,7 +106,7 @@ class TrialLedger(StoreBase):
         node = {"node_id": node_id} if node_id else {}
         row = {
             "sweep_id": sweep_id, "trial_id": trial_id, "step": iteration, "timestamp_ms": int(time.time() * 1000),
-            "metrics": metrics, "files": files, "shipped": False,
+            "metrics": metrics, "files": files, "tags": tags, "shipped": False,
         }  # fmt: skip
         dialect = postgresql if self.is_postgres else sqlite
         with self.engine.begin() as conn:

@@ -29,7 +29,8 @@ from workers.durability import (
     finished_result,
     train_checkpoint_uri,
 )
-from workers.trainable import ARTIFACTS_KEY, NODE_KEY
+from workers.pbt import step_extras
+from workers.trainable import ARTIFACTS_KEY, EXPLOIT_KEY, NODE_KEY
 
 if TYPE_CHECKING:
     from workers.stop import StopRequests
@@ -113,18 +114,23 @@ class ProgressCallback(tune.Callback):
         # The files leave the result here (Tune lets callbacks change it in place): else Tune keeps
         # them as the trial's last result, in every save of the experiment state and in result.json.
         files = result.pop(ARTIFACTS_KEY, None)
+        exploit = result.pop(EXPLOIT_KEY, None)
         live = self.live
         if live is None or result.get(REPLAYED_KEY):
             return
         step = int(result.get(ITERATION_KEY) or result.get("training_iteration", 0))
         live.iterations[trial.trial_id] = step
         metrics = numeric(result, self.metric_keys)
+        tags = None
+        if live.spec.scheduler.type == "pbt":  # the config the step trained with, and an exploit it started from
+            extra, tags = step_extras(live.spec, step, result.get("config") or trial.config, exploit)
+            metrics.update(extra)
         node = result.get(NODE_KEY)
         # The step's row in the outbox, with the trial's progress: a step reported again by a trial resumed from
         # an older checkpoint finds its row there and adds nothing.
         live.store.trial_result(
             self.sweep_id, trial.trial_id, step, metrics, node_id=node if isinstance(node, str) else None,
-            files=files if isinstance(files, dict) and files else None,
+            files=files if isinstance(files, dict) and files else None, tags=tags or None,
         )  # fmt: skip
         live.tracker.shipper.notify()
         # A Ray Train trial's checkpoint reaches Tune only as a path in its result (TuneReportCallback): the ledger

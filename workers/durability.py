@@ -107,37 +107,13 @@ class Fence:
 
     def claim(self) -> None:
         """Write this attempt as the sweep's owner, whole (a reader sees the old number or the new one)."""
-        data = json.dumps({"attempt": self.attempt}).encode()
-        if is_uri(self.uri):
-            import pyarrow.fs as pafs
-
-            fs, path = pafs.FileSystem.from_uri(self.uri)
-            if fs.type_name == "local":  # file://; an object store has no folders to make
-                fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-            with fs.open_output_stream(path) as out:  # an object store never shows half an object
-                out.write(data)
-            return
-        folder = os.path.dirname(self.uri)
-        os.makedirs(folder, exist_ok=True)
-        partial = f"{self.uri}.{uuid.uuid4().hex[:8]}.partial"
-        with open(partial, "wb") as out:
-            out.write(data)
-        os.replace(partial, self.uri)
+        write_whole(self.uri, json.dumps({"attempt": self.attempt}).encode())
 
     def owner(self) -> int | None:
         """The attempt written last, or None if it cannot be read (then nothing is held back: the fence only
         ever stops a process that is sure to be superseded)."""
         try:
-            if is_uri(self.uri):
-                import pyarrow.fs as pafs
-
-                fs, path = pafs.FileSystem.from_uri(self.uri)
-                with fs.open_input_stream(path) as f:
-                    data = f.read()
-            else:
-                with open(self.uri, "rb") as f:
-                    data = f.read()
-            return int(json.loads(data)["attempt"])
+            return int(json.loads(read_whole(self.uri))["attempt"])
         except Exception as exc:  # noqa: BLE001 - any unreadable fence counts as no fence
             log.debug("fence %s unreadable: %s", self.uri, exc)
             return None
@@ -154,6 +130,63 @@ class Fence:
                 f"attempt {newer} of this sweep started after this trial's attempt {self.attempt} (its worker "
                 f"is gone or lost its lease): this trial process stops without writing its checkpoint"
             )
+
+
+@dataclass(frozen=True)
+class ReportCounts:
+    """Per trial of a PBT sweep, the last iteration it reported, in a small file on Tune's storage.
+
+    PBT restarts a trial from another trial's checkpoint, whose iteration is the other's: after a worker kill the
+    population is no longer in step (one trial resumed at 6, another at 4), and the next exploit may hand a
+    trial a checkpoint ahead of its last step or behind it. The trial goes on counting its own reports
+    (workers.trainable.TuneSession), so each of its steps reaches the outbox once: nothing skipped, nothing
+    reported twice. The count is written before each report, so it is never behind the outbox."""
+
+    folder: str
+
+    @staticmethod
+    def for_sweep(storage: str, sweep_id: int) -> ReportCounts:
+        return ReportCounts(f"{storage.rstrip('/')}/sweep-{sweep_id}/layerlab-reports")
+
+    def write(self, trial_id: str, iteration: int) -> None:
+        write_whole(f"{self.folder}/{trial_id}.json", json.dumps({"iteration": iteration}).encode())
+
+    def read(self, trial_id: str) -> int | None:
+        """The trial's last count, or None if it wrote none (or it cannot be read)."""
+        try:
+            return int(json.loads(read_whole(f"{self.folder}/{trial_id}.json"))["iteration"])
+        except Exception as exc:  # noqa: BLE001 - no count: the caller falls back to the checkpoint's iteration
+            log.debug("no report count of trial %s in %s: %s", trial_id, self.folder, exc)
+            return None
+
+
+def write_whole(uri: str, data: bytes) -> None:
+    """Write a small file whole, a local path or a URI on Tune's storage: a reader sees the old bytes or the new."""
+    if is_uri(uri):
+        import pyarrow.fs as pafs
+
+        fs, path = pafs.FileSystem.from_uri(uri)
+        if fs.type_name == "local":  # file://; an object store has no folders to make
+            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with fs.open_output_stream(path) as out:  # an object store never shows half an object
+            out.write(data)
+        return
+    os.makedirs(os.path.dirname(uri), exist_ok=True)
+    partial = f"{uri}.{uuid.uuid4().hex[:8]}.partial"
+    with open(partial, "wb") as out:
+        out.write(data)
+    os.replace(partial, uri)
+
+
+def read_whole(uri: str) -> bytes:
+    if is_uri(uri):
+        import pyarrow.fs as pafs
+
+        fs, path = pafs.FileSystem.from_uri(uri)
+        with fs.open_input_stream(path) as f:
+            return bytes(f.read())
+    with open(uri, "rb") as f:
+        return f.read()
 
 
 def read_ledger(store: QueueStore, sweep_id: int) -> Ledger:

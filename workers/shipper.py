@@ -27,7 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.store.artifact.artifact_repo import ArtifactRepository
 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 from mlflow.tracking import MlflowClient
@@ -44,6 +44,7 @@ IDLE_SECONDS = 1.0
 """How often the thread looks at the database unasked (the callback wakes it at once on every write)."""
 BATCH_ROWS = 500
 MAX_METRICS_PER_CALL = 1000  # MLflow's limit for one log_batch
+MAX_TAGS_PER_CALL = 100  # likewise
 RUN_STATUS = {
     TrialState.pending: "RUNNING",
     TrialState.running: "RUNNING",
@@ -173,6 +174,9 @@ class MetricShipper:
         metrics = [Metric(k, float(v), row.timestamp_ms, row.step) for row in rows for k, v in row.metrics.items()]
         for i in range(0, len(metrics), MAX_METRICS_PER_CALL):
             self.client.log_batch(run_id, metrics=metrics[i : i + MAX_METRICS_PER_CALL])
+        tags = [RunTag(k, v) for row in rows for k, v in (row.tags or {}).items()]
+        for i in range(0, len(tags), MAX_TAGS_PER_CALL):  # a tag set again to the same value: a resend stays exact
+            self.client.log_batch(run_id, tags=tags[i : i + MAX_TAGS_PER_CALL])
         for row in rows:
             if row.files:
                 self.log_files(run_id, {k: base64.b64decode(v) for k, v in row.files.items()})

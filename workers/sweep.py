@@ -10,7 +10,8 @@ from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from service.spec import Domain, SweepSpec
 from workers.callbacks import ProgressCallback
-from workers.durability import Fence, Ledger
+from workers.durability import Fence, Ledger, ReportCounts
+from workers.pbt import make_pbt
 from workers.stop_rules import RuleStopper
 from workers.trainable import run_trial, run_trial_distributed
 
@@ -32,10 +33,16 @@ def param_space(spec: SweepSpec) -> dict[str, Any]:
     return {**spec.params, **{k: to_domain(d) for k, d in spec.space.items()}}
 
 
-def make_trainable(spec: SweepSpec, storage_path: str, ledger: Ledger, fence: Fence | None = None) -> Any:
+def make_trainable(
+    spec: SweepSpec,
+    storage_path: str,
+    ledger: Ledger,
+    fence: Fence | None = None,
+    reports: ReportCounts | None = None,
+) -> Any:
     """The trainable, with this attempt's ledger and fence (workers.durability) bound to it: a restore passes a
     new trainable to Tuner.restore, so each attempt's trials see the ledger as the attempt began, and know
-    their attempt."""
+    their attempt. `reports`: where PBT trials keep their report counts (ReportCounts)."""
     res = spec.resources
     if spec.uses_train:
         fn = tune.with_parameters(
@@ -50,7 +57,9 @@ def make_trainable(spec: SweepSpec, storage_path: str, ledger: Ledger, fence: Fe
         )
         # The trial itself only drives the TorchTrainer; its workers hold the resources.
         return tune.with_resources(fn, {"CPU": 0.01})
-    fn = tune.with_parameters(run_trial, task_name=spec.task, cpus=res.cpus, ledger=ledger, fence=fence)
+    fn = tune.with_parameters(
+        run_trial, task_name=spec.task, cpus=res.cpus, ledger=ledger, fence=fence, reports=reports
+    )
     return tune.with_resources(fn, {"CPU": res.cpus, "GPU": res.gpus})
 
 
@@ -92,6 +101,12 @@ def make_tune_config(spec: SweepSpec, extension: Extension | None = None) -> tun
             grace_period=spec.scheduler.grace_period,
             reduction_factor=spec.scheduler.reduction_factor,
         )
+    elif spec.scheduler.type == "pbt":
+        mutations = {
+            k: list(d.choice) if d.choice is not None else to_domain(d)
+            for k, d in spec.scheduler.hyperparam_mutations.items()
+        }
+        scheduler = make_pbt(spec.scheduler, mutations)
     return tune.TuneConfig(
         metric=spec.metric.name,
         mode=spec.metric.mode,

@@ -226,7 +226,10 @@ class SweepTracker:
         def column(t: Any, key: str) -> dict[int, float]:
             return {step: m[key] for step, m in history.get(t.trial_id, {}).items() if key in m}
 
-        return draw_summary(trials, lambda t: column(t, metric), self.spec, folder, lambda t: column(t, STEP_KEY))
+        from workers.pbt import draw_schedule
+
+        paths = draw_summary(trials, lambda t: column(t, metric), self.spec, folder, lambda t: column(t, STEP_KEY))
+        return paths + draw_schedule(history, self.spec, folder)
 
     def end_parent(self, status: str, best: dict[str, Any] | None = None) -> None:
         if best:

@@ -24,13 +24,16 @@ from jobs.brought_code import failing_plainly
 from jobs.registry import get_task
 from workers import checkpoints
 from workers.checkpoints import newest_usable, stored_checkpoints
-from workers.durability import ITERATION_KEY, REPLAYED_KEY, Fence, Ledger, Resume
+from workers.durability import ITERATION_KEY, REPLAYED_KEY, Fence, Ledger, ReportCounts, Resume
 
 log = logging.getLogger(__name__)
 ARTIFACTS_KEY = "artifacts"
 """Result key under which files from `session.log_artifact` reach the driver (name -> base64)."""
 NODE_KEY = "node_id"
 """Result key naming the Ray node that ran the trial (node_ip alone cannot tell apart nodes on one host)."""
+EXPLOIT_KEY = "layerlab_exploit"
+"""Result key of a trial's first report after PBT gave it another trial's weights: where they came from (that
+trial and its step) and the config values that changed (name -> [the source's value, this trial's])."""
 
 
 class _Artifacts:
@@ -82,24 +85,83 @@ def resume_point(own: Any, ledger: Resume | None, fence: Fence | None) -> tuple[
     return state, iteration
 
 
+def _metadata(checkpoint: Any) -> dict[str, Any]:
+    """What TuneSession.report wrote into a Tune checkpoint's metadata ({} for none, or for one it cannot read)."""
+    if checkpoint is None:
+        return {}
+    try:
+        return dict(checkpoint.get_metadata())
+    except Exception as exc:  # noqa: BLE001 - unreadable metadata: treated as the trial's own checkpoint
+        log.warning("cannot read the metadata of checkpoint %s (%s)", checkpoint, exc)
+        return {}
+
+
+def _load_at(checkpoint: Any, iteration: int) -> dict[str, Any] | None:
+    """The state a checkpoint folder holds for `iteration` (the newest attempt's, if several wrote one)."""
+    with checkpoint.as_directory() as d:
+        found = [c for c in stored_checkpoints(d) if c.iteration == iteration]
+        return checkpoints.load(found[-1]) if found else None
+
+
 class TuneSession(_Artifacts):
     """Session for a plain Tune trial (one process). `resume`: the ledger's newest checkpoint folder of this
     trial (a URI) and the iteration it has committed (resume_point); `fence`: the attempt this trial belongs to
-    (None: unfenced, outside a worker)."""
+    (None: unfenced, outside a worker); `config`: the trial's config; `reports`: under PBT, where the trial
+    keeps its report count (workers.durability.ReportCounts).
 
-    def __init__(self, resume: Resume | None = None, fence: Fence | None = None) -> None:
+    Each checkpoint's metadata names the trial that wrote it, its iteration and config, and the exploits its
+    weights descend from ([trial, iteration] each). Tune hands a trial its own checkpoint, except when PBT copies
+    a better trial's into it: then the trial loads that one, goes on counting its own reports, and its first
+    report carries EXPLOIT_KEY (workers.pbt records it). After a kill, the ledger's checkpoint of the trial may
+    already descend from that exploit (Tune's restored state is older than the ledger): then it is the one."""
+
+    def __init__(
+        self,
+        resume: Resume | None = None,
+        fence: Fence | None = None,
+        config: dict[str, Any] | None = None,
+        reports: ReportCounts | None = None,
+    ) -> None:
         from ray import tune
 
         super().__init__()
         self._tune = tune
         self._fence = fence
+        self._config = dict(config or {})
+        self._reports = reports
+        self._trial_id = tune.get_context().get_trial_id()
         self.device = torch.device("cpu")
         self.world_rank, self.world_size = 0, 1
-        self.checkpoint, self.iteration = resume_point(tune.get_checkpoint(), resume, fence)
+        self._exploit: dict[str, Any] | None = None
+        own = tune.get_checkpoint()
+        origin = _metadata(own)
+        source, at = origin.get("trial_id"), origin.get("iteration")
+        ledgers = _metadata(tune.Checkpoint(resume[0])) if resume and resume[0] else {}
+        state = None
+        if source not in (None, self._trial_id) and isinstance(at, int):
+            if [source, at] in ledgers.get("exploits", []):
+                own = None  # the ledger's checkpoint is this trial's own, trained on from that exploit
+            else:
+                state = _load_at(own, at)
+        if state is not None:
+            before = origin.get("config") or {}
+            perturbed = {k: [before.get(k), v] for k, v in self._config.items() if before.get(k) != v}
+            self._exploit = {"from_trial": source, "from_step": at, "perturbed": perturbed}
+            self._exploits = [*origin.get("exploits", []), [source, at]]
+            counted = reports.read(self._trial_id) if reports is not None else None
+            self.checkpoint, self.iteration = state, at if counted is None else counted
+        else:
+            self.checkpoint, self.iteration = resume_point(own, resume, fence)
+            chosen = origin if own is not None and origin.get("iteration") == self.iteration else ledgers
+            self._exploits = list(chosen.get("exploits", []))
 
     def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
         self.iteration += 1
         metrics = {**self.attach(metrics), ITERATION_KEY: self.iteration}
+        if self._exploit is not None:
+            metrics[EXPLOIT_KEY], self._exploit = self._exploit, None
+        if self._reports is not None:
+            self._reports.write(self._trial_id, self.iteration)
         if checkpoint is None:
             self._tune.report(metrics)
             return
@@ -108,7 +170,12 @@ class TuneSession(_Artifacts):
         # tune.report persists the folder before returning, so the temp folder may go right after.
         with tempfile.TemporaryDirectory() as d:
             checkpoints.save(d, checkpoint, self.iteration, self._fence.attempt if self._fence else None)
-            self._tune.report(metrics, checkpoint=self._tune.Checkpoint.from_directory(d))
+            saved = self._tune.Checkpoint.from_directory(d)
+            saved.set_metadata(
+                {"trial_id": self._trial_id, "iteration": self.iteration, "config": self._config,
+                 "exploits": self._exploits}
+            )  # fmt: skip
+            self._tune.report(metrics, checkpoint=saved)
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(self.device)
@@ -162,7 +229,12 @@ def _replayed(ledger: Ledger | None) -> bool:
 
 
 def run_trial(
-    config: dict[str, Any], task_name: str, cpus: float = 1.0, ledger: Ledger | None = None, fence: Fence | None = None
+    config: dict[str, Any],
+    task_name: str,
+    cpus: float = 1.0,
+    ledger: Ledger | None = None,
+    fence: Fence | None = None,
+    reports: ReportCounts | None = None,
 ) -> None:
     """Tune function trainable for one-process trials."""
     if _replayed(ledger):
@@ -176,7 +248,7 @@ def run_trial(
     task = get_task(task_name)
     cfg = task.make_config(config)
     with failing_plainly(task_name):
-        task.train(cfg, TuneSession(record.resume if record else None, fence))
+        task.train(cfg, TuneSession(record.resume if record else None, fence, config, reports))
 
 
 def _train_worker_loop(loop_config: dict[str, Any]) -> None:

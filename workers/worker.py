@@ -260,7 +260,7 @@ class Worker:
         from ray import tune
 
         from workers.callbacks import LIVE, LiveSweep
-        from workers.durability import Fence, read_ledger
+        from workers.durability import Fence, ReportCounts, read_ledger
         from workers.storage import tune_storage
         from workers.sweep import experiment_name, make_run_config, make_trainable, make_tune_config, param_space
         from workers.tracking import MLFLOW_OUTAGE_SECONDS, SweepTracker
@@ -292,7 +292,8 @@ class Worker:
         holder["live"] = live
         tracker.shipper.start()  # first, what an earlier attempt left unshipped
 
-        trainable = make_trainable(spec, self.settings.tune_storage, ledger, fence)
+        reports = ReportCounts.for_sweep(storage, claim.sweep_id) if spec.scheduler.type == "pbt" else None
+        trainable = make_trainable(spec, self.settings.tune_storage, ledger, fence, reports)
         if tune.Tuner.can_restore(path, storage_filesystem=fs):
             log.info("sweep %s: resuming %s", claim.sweep_id, path, extra={"action": "restore"})
             tuner = tune.Tuner.restore(

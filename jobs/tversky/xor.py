@@ -110,6 +110,8 @@ def train(cfg: XorConfig, session: Session) -> None:
     if session.checkpoint is not None:  # resume after a crash: full-batch training is deterministic from here
         raw_model.load_state_dict(session.checkpoint["model"])
         optimizer.load_state_dict(session.checkpoint["optimizer"])
+        for group in optimizer.param_groups:  # the config's lr, not the saved one: PBT may have perturbed it
+            group["lr"] = cfg.lr
         start = int(session.checkpoint["step"])
 
     def report(step: int, finite: bool = True) -> None:
