@@ -78,12 +78,16 @@ class TrialLedger(StoreBase):
             conn.execute(stmt)
 
     @waits_out_outages
-    def trial_started(self, sweep_id: int, trial_id: str, config: dict[str, Any], node_id: str | None = None) -> None:
+    def trial_started(
+        self, sweep_id: int, trial_id: str, config: dict[str, Any] | None, node_id: str | None = None
+    ) -> None:
+        """A (re)start of the trial; `config` None keeps the one recorded (a PBT trial's is set by its results)."""
         node = {"node_id": node_id} if node_id else {}
+        given = {"config": config} if config is not None else {}
         with self.engine.begin() as conn:
             self._update_trial(
-                conn, sweep_id, trial_id, state=TrialState.running.value, config=config, starts=TRIALS.c.starts + 1,
-                reason=None, mlflow_status=None, updated_at=utcnow(), **node,
+                conn, sweep_id, trial_id, state=TrialState.running.value, starts=TRIALS.c.starts + 1,
+                reason=None, mlflow_status=None, updated_at=utcnow(), **given, **node,
             )  # fmt: skip
 
     @waits_out_outages
@@ -96,14 +100,19 @@ class TrialLedger(StoreBase):
         node_id: str | None = None,
         files: dict[str, str] | None = None,
         tags: dict[str, str] | None = None,
+        config: dict[str, Any] | None = None,
     ) -> bool:
         """Record a reported step: the trial's progress (its latest result, unless an older iteration comes late)
         and the step's outbox row (metrics, files as name -> base64, run tags, the timestamp MLflow will show), in one
         transaction. The first value of a step wins: a step reported again (a trial resumed from an older
-        checkpoint) adds nothing. Returns whether the row is new."""
+        checkpoint) adds nothing. `config`: the config the step trained with, kept as the trial's with its latest
+        result (PBT changes a trial's config as it goes). Returns whether the row is new."""
         newer = bindparam("iteration", iteration, type_=Integer) >= TRIALS.c.iteration  # SET sees the old row
         new_metrics = bindparam("metrics", metrics, type_=TRIALS.c.metrics.type)
-        node = {"node_id": node_id} if node_id else {}
+        also: dict[str, Any] = {"node_id": node_id} if node_id else {}
+        if config is not None:
+            new_config = bindparam("config", config, type_=TRIALS.c.config.type)
+            also["config"] = case((newer, new_config), else_=TRIALS.c.config)
         row = {
             "sweep_id": sweep_id, "trial_id": trial_id, "step": iteration, "timestamp_ms": int(time.time() * 1000),
             "metrics": metrics, "files": files, "tags": tags, "shipped": False,
@@ -114,7 +123,7 @@ class TrialLedger(StoreBase):
                 conn, sweep_id, trial_id,
                 iteration=case((newer, iteration), else_=TRIALS.c.iteration),
                 metrics=case((newer, new_metrics), else_=TRIALS.c.metrics),
-                updated_at=utcnow(), **node,
+                updated_at=utcnow(), **also,
             )  # fmt: skip
             # RETURNING, not rowcount: psycopg reports no row count for an INSERT that returns rows.
             new_id = conn.scalar(dialect.insert(OUTBOX).values(**row).on_conflict_do_nothing().returning(OUTBOX.c.id))

@@ -105,7 +105,10 @@ class ProgressCallback(tune.Callback):
         live = self.live
         if live is None or self._finished_before(live, trial.trial_id):
             return
-        live.store.trial_started(self.sweep_id, trial.trial_id, dict(trial.config))
+        # Under PBT a trial's config is the one its results trained with: a restart may bring one that never trains
+        # (an exploit at the last report hands over a finished checkpoint), so only a first start sets it here.
+        pbt = live.spec.scheduler.type == "pbt" and trial.trial_id in live.iterations
+        live.store.trial_started(self.sweep_id, trial.trial_id, None if pbt else dict(trial.config))
         live.tracker.shipper.notify()
 
     def on_trial_result(
@@ -121,16 +124,17 @@ class ProgressCallback(tune.Callback):
         step = int(result.get(ITERATION_KEY) or result.get("training_iteration", 0))
         live.iterations[trial.trial_id] = step
         metrics = numeric(result, self.metric_keys)
-        tags = None
+        tags = config = None
         if live.spec.scheduler.type == "pbt":  # the config the step trained with, and an exploit it started from
-            extra, tags = step_extras(live.spec, step, result.get("config") or trial.config, exploit)
+            config = dict(result.get("config") or trial.config)
+            extra, tags = step_extras(live.spec, step, config, exploit)
             metrics.update(extra)
         node = result.get(NODE_KEY)
         # The step's row in the outbox, with the trial's progress: a step reported again by a trial resumed from
         # an older checkpoint finds its row there and adds nothing.
         live.store.trial_result(
             self.sweep_id, trial.trial_id, step, metrics, node_id=node if isinstance(node, str) else None,
-            files=files if isinstance(files, dict) and files else None, tags=tags or None,
+            files=files if isinstance(files, dict) and files else None, tags=tags or None, config=config,
         )  # fmt: skip
         live.tracker.shipper.notify()
         # A Ray Train trial's checkpoint reaches Tune only as a path in its result (TuneReportCallback): the ledger
@@ -142,7 +146,7 @@ class ProgressCallback(tune.Callback):
         if value is not None and _better(value, live.best, live.spec.metric.mode or "max"):
             live.best = value
             live.store.set_fields(
-                live.claim, best_metric=value, best_config=dict(trial.config), best_trial_id=trial.trial_id
+                live.claim, best_metric=value, best_config=config or dict(trial.config), best_trial_id=trial.trial_id
             )
 
     def on_checkpoint(self, iteration: int, trials: list[Any], trial: Any, checkpoint: Any, **info: Any) -> None:

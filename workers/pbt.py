@@ -67,7 +67,7 @@ def make_pbt(scheduler: Scheduler, mutations: dict[str, Any]) -> PopulationBased
     bounds: dict[str, tuple[float, float]] = {}
     for key, domain in scheduler.hyperparam_mutations.items():
         if domain.kind in ("uniform", "loguniform"):
-            bounds[key] = tuple(getattr(domain, domain.kind))  # type: ignore[assignment]
+            bounds[key] = tuple(getattr(domain, domain.kind))
         elif domain.kind == "randint":
             low, high = domain.randint or (0, 1)
             bounds[key] = (low, high - 1)  # randint's high is left out

@@ -91,7 +91,7 @@ def make_tune_config(spec: SweepSpec, extension: Extension | None = None) -> tun
 
         # An extension of an unseeded sweep draws afresh too: Tune's own generator is not seeded then.
         search_alg = BasicVariantGenerator(random_state=seed)
-    scheduler = None
+    scheduler: Any = None
     if spec.scheduler.type == "asha":
         from ray.tune.schedulers import ASHAScheduler
 

@@ -137,19 +137,20 @@ class TuneSession(_Artifacts):
         origin = _metadata(own)
         source, at = origin.get("trial_id"), origin.get("iteration")
         ledgers = _metadata(tune.Checkpoint(resume[0])) if resume and resume[0] else {}
-        state = None
+        state: dict[str, Any] | None = None
         if source not in (None, self._trial_id) and isinstance(at, int):
             if [source, at] in ledgers.get("exploits", []):
                 own = None  # the ledger's checkpoint is this trial's own, trained on from that exploit
             else:
                 state = _load_at(own, at)
-        if state is not None:
+        if state is not None and isinstance(at, int):
             before = origin.get("config") or {}
             perturbed = {k: [before.get(k), v] for k, v in self._config.items() if before.get(k) != v}
             self._exploit = {"from_trial": source, "from_step": at, "perturbed": perturbed}
             self._exploits = [*origin.get("exploits", []), [source, at]]
             counted = reports.read(self._trial_id) if reports is not None else None
-            self.checkpoint, self.iteration = state, at if counted is None else counted
+            self.checkpoint: dict[str, Any] | None = state
+            self.iteration: int = at if counted is None else counted
         else:
             self.checkpoint, self.iteration = resume_point(own, resume, fence)
             chosen = origin if own is not None and origin.get("iteration") == self.iteration else ledgers
@@ -157,13 +158,13 @@ class TuneSession(_Artifacts):
 
     def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> None:
         self.iteration += 1
-        metrics = {**self.attach(metrics), ITERATION_KEY: self.iteration}
+        result: dict[str, Any] = {**self.attach(metrics), ITERATION_KEY: self.iteration}
         if self._exploit is not None:
-            metrics[EXPLOIT_KEY], self._exploit = self._exploit, None
+            result[EXPLOIT_KEY], self._exploit = self._exploit, None
         if self._reports is not None:
             self._reports.write(self._trial_id, self.iteration)
         if checkpoint is None:
-            self._tune.report(metrics)
+            self._tune.report(result)
             return
         if self._fence is not None:
             self._fence.check()
@@ -175,7 +176,7 @@ class TuneSession(_Artifacts):
                 {"trial_id": self._trial_id, "iteration": self.iteration, "config": self._config,
                  "exploits": self._exploits}
             )  # fmt: skip
-            self._tune.report(metrics, checkpoint=saved)
+            self._tune.report(result, checkpoint=saved)
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(self.device)

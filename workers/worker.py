@@ -366,14 +366,17 @@ class Worker:
         best = best_result(ok, spec.metric.name, spec.metric.mode or "max")
         value = float(best.metrics[spec.metric.name])
         trial_id = str(best.metrics.get("trial_id"))
-        self.store.set_fields(claim, best_metric=value, best_config=best.config, best_trial_id=trial_id)
+        config = best.config
+        if spec.scheduler.type == "pbt":  # Tune's may hold a perturbation made at the last report, never trained with
+            config = self.store.trial(claim.sweep_id, trial_id).config or config
+        self.store.set_fields(claim, best_metric=value, best_config=config, best_trial_id=trial_id)
         if spec.register is not None:
             version = register_model(
                 self.settings.tracking_uri,
                 task=task,
                 task_ref=spec.task,
-                model=load_best_model(task, best.config, *self._best_checkpoint(claim, trial_id, best)),
-                config=best.config,
+                model=load_best_model(task, config, *self._best_checkpoint(claim, trial_id, best)),
+                config=config,
                 name=spec.register.model,
                 alias=spec.register.alias,
                 parent_run_id=tracker.parent_run_id,
@@ -393,7 +396,7 @@ class Worker:
 
             sweep = {"id": claim.sweep_id, "parent_run_id": tracker.parent_run_id, "trials_total": len(results)}
             tracker.log_files(claims_files(spec, task.metrics, sweep, results, task.baselines), "summary")
-        tracker.end_parent("FINISHED", {"value": value, "trial_id": trial_id, "config": best.config})
+        tracker.end_parent("FINISHED", {"value": value, "trial_id": trial_id, "config": config})
         if self._stop is not None:
             self._stop.ending.set()
         self.store.finish(claim, reason)

@@ -93,3 +93,10 @@ def test_shares_are_non_negative_and_sum_to_one_for_any_values(values: list[floa
 @pytest.mark.parametrize("n", [3, 200])
 def test_small_and_large_sweeps_get_an_answer(n: int) -> None:
     assert param_importances(SPACE, trials(n, lambda c, rng: c["width"] + rng.random()), "max") is not None
+
+
+def test_values_moved_out_of_the_space_still_count() -> None:
+    # PBT multiplies a trial's lr by 0.8 or 1.2 within its own mutation range, which may reach past the space's
+    found = [({**c, "lr": c["lr"] * 3, "layers": c["layers"] + 4}, v) for c, v in trials(40, lambda c, rng: c["lr"])]
+    shares = param_importances(SPACE, found, "max")
+    assert shares is not None and list(shares)[0] == "lr", shares

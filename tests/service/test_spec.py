@@ -49,6 +49,7 @@ def errors_of(source: str | bytes | dict[str, Any]) -> list[str]:
     return info.value.errors
 
 
+PBT_LR = {"type": "pbt", "hyperparam_mutations": {"lr": {"loguniform": [0.001, 0.5]}}}
 # (id, YAML text/bytes or {dotted.path: value} applied to the demo spec, expected start of one error)
 BAD_SPECS: list[tuple[str, str | bytes | dict[str, Any], str]] = [
     ("broken-yaml", "name: [unclosed\n", "<document>: not valid YAML at line 2"),
@@ -114,7 +115,7 @@ BAD_SPECS: list[tuple[str, str | bytes | dict[str, Any], str]] = [
     ("priority-not-int", {"priority": "high"}, "priority: must be a valid integer"),
     ("unknown-metric", {"metric.name": "bleu"}, "metric.name: task tversky.xor reports loss, accuracy, converged"),
     ("bad-metric-mode", {"metric.mode": "up"}, "metric.mode: must be one of 'min' or 'max', got 'up'"),
-    ("unknown-scheduler", {"scheduler.type": "hyperband"}, "scheduler.type: must be one of 'fifo' or 'asha'"),
+    ("unknown-scheduler", {"scheduler.type": "hyperband"}, "scheduler.type: must be one of 'fifo', 'asha' or 'pbt'"),
     (
         "grace-above-max-t",
         {"scheduler": {"type": "asha", "grace_period": 10, "max_t": 5}},
@@ -128,6 +129,33 @@ BAD_SPECS: list[tuple[str, str | bytes | dict[str, Any], str]] = [
     ("zero-stop-minutes", {"stop": {"max_minutes": 0}}, "stop.max_minutes: must be greater than 0, got 0"),
     ("nan-stop-target", {"stop": {"target": float("nan")}}, "stop.target: must be a finite number"),
     ("unknown-stop-rule", {"stop": {"target": 1, "patience": 3}}, "stop.patience"),
+    ("pbt-without-mutations", {"scheduler": {"type": "pbt"}}, "scheduler.hyperparam_mutations: type pbt needs"),
+    (
+        "pbt-grid-mutation",
+        {"scheduler": PBT_LR | {"hyperparam_mutations": {"lr": {"grid": [0.1, 0.2]}}}},
+        "scheduler.hyperparam_mutations.lr: PBT draws from a range or a choice, not a grid",
+    ),
+    (
+        "pbt-unknown-param",
+        {"scheduler": PBT_LR | {"hyperparam_mutations": {"lrx": {"uniform": [0.1, 0.2]}}}},
+        "scheduler.hyperparam_mutations.lrx: not a param of the sweep",
+    ),
+    (
+        "pbt-range-the-task-refuses",
+        {"scheduler": PBT_LR | {"hyperparam_mutations": {"lr": {"uniform": [-1, 0.2]}}}},
+        "scheduler.hyperparam_mutations.lr.uniform[0]: must be greater than 0",
+    ),
+    ("pbt-under-ray-train", {"scheduler": PBT_LR, "resources.workers": 2}, "scheduler.type: pbt runs one-process"),
+    (
+        "pbt-zero-interval",
+        {"scheduler": PBT_LR | {"perturbation_interval": 0}},
+        "scheduler.perturbation_interval: must be greater than or equal to 1",
+    ),
+    (
+        "pbt-with-optuna",
+        {"scheduler": PBT_LR, "space": {"seed": {"choice": [0, 1]}}, "search.algorithm": "optuna"},
+        "search.algorithm: PBT changes the trials' configs itself",
+    ),
     ("negative-max-failures", {"max_failures": -1}, "max_failures: must be greater than or equal to 0, got -1"),
     ("zero-concurrency", {"max_concurrent_trials": 0}, "max_concurrent_trials: must be greater than or equal to 1"),
     # A YAML key may be a number; next to string keys it once made the checks crash sorting them.
