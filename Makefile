@@ -20,7 +20,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help install services browser podman image demo up down test test-fast test-containers lint clean compat
+.PHONY: help install services browser podman image demo up down test test-fast test-containers lint clean compat chaos
 
 help:
 	@echo "make demo   install, start the embedded stack, run sweeps/tversky_xor_demo.yaml"
@@ -28,6 +28,7 @@ help:
 	@echo "make test-fast  install, start PostgreSQL if needed, run the unit tests only: no lint, no test marked"
 	@echo "            stack (Ray, API/MLflow servers, workers, containers); about 3 minutes on 2 cores"
 	@echo "make down   stop the stack started by make demo"
+	@echo "make chaos  the production stack under random kills for MINUTES (10), seeded by SEED; then every check"
 	@echo "make image  build the project image (podman or docker; offline: base from the Debian mirror)"
 
 install: $(STAMP)
@@ -92,6 +93,13 @@ test-fast: install services
 # runs it too; LAYERLAB_CONTAINER_TIER=0 leaves it out there.
 test-containers: install services podman
 	$(PY) -m pytest -q tests/containers
+
+# The chaos soak (tests/chaos.py): the production stack on loopback, three users' sweeps, random kills of its
+# parts for MINUTES, then every check; SEED picks the kills. RELIABILITY.md: its figures.
+MINUTES ?= 10
+SEED ?= $(shell date +%s)
+chaos: install services
+	$(PY) -m tests.chaos --minutes $(MINUTES) --seed $(SEED)
 
 # The fault and end-to-end suites against Ray 2.59.0 as well (RELIABILITY.md; about 20 minutes).
 compat: install services

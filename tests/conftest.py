@@ -72,7 +72,6 @@ STACK_CHAIN = (
     "e2e/test_brought_code_e2e.py",  # 100
     "faults/test_endings.py",  # 88
     "e2e/test_sweep_e2e.py",  # 88
-    "e2e/test_pbt_e2e.py",  # ~85 (run alone)
     "faults/test_postgres_restart.py",  # 85
     "faults/test_mlflow_outage.py",  # 82
     "browser/test_mlflow_ui.py",  # 75

@@ -20,17 +20,9 @@ from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 from service.models import TrialState
 from service.queue import Claim, QueueStore
 from service.spec import SweepSpec
-from workers.durability import (
-    ITERATION_KEY,
-    REPLAYED_KEY,
-    Fence,
-    Ledger,
-    checkpoint_uri,
-    finished_result,
-    train_checkpoint_uri,
-)
+from workers.durability import Fence, Ledger, checkpoint_uri, finished_result, train_checkpoint_uri
 from workers.pbt import step_extras
-from workers.trainable import ARTIFACTS_KEY, EXPLOIT_KEY, NODE_KEY
+from workers.result_keys import ARTIFACTS_KEY, EXPLOIT_KEY, ITERATION_KEY, NODE_KEY, REPLAYED_KEY
 
 if TYPE_CHECKING:
     from workers.stop import StopRequests

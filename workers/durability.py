@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workers.result_keys import TUNE_KEYS
 from workers.storage import is_uri
 
 if TYPE_CHECKING:
@@ -40,20 +41,6 @@ if TYPE_CHECKING:
     from service.settings import Settings
 
 log = logging.getLogger(__name__)
-
-ITERATION_KEY = "layerlab_iteration"
-"""Result key: the trial's own report count, continued from the checkpoint it resumed from. The step of its
-metrics in the queue and MLflow (Tune's training_iteration restarts from Tune's checkpoint, which may be
-older than the one the trial resumed from)."""
-REPLAYED_KEY = "layerlab_replayed"
-"""Result key marking the stored final result of a trial that had finished before a restore."""
-TUNE_KEYS = frozenset(
-    {"timestamp", "checkpoint_dir_name", "should_checkpoint", "done", "training_iteration", "trial_id", "date",
-     "time_this_iter_s", "time_total_s", "pid", "hostname", "node_ip", "config", "time_since_restore",
-     "iterations_since_restore", "experiment_tag"}
-)  # fmt: skip
-"""Keys Tune adds to every result: left out of a trial's stored final result (Tune adds them again)."""
-
 
 Resume = tuple[str | None, int]
 """A trial's newest checkpoint folder in the ledger (a URI; None if it recorded none) and the iteration the ledger

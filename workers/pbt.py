@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
-from workers.durability import ITERATION_KEY
+from workers.result_keys import ITERATION_KEY
 from workers.summary_plots import TITLE_Y, _palette, save
 
 if TYPE_CHECKING:

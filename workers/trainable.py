@@ -24,16 +24,10 @@ from jobs.brought_code import failing_plainly
 from jobs.registry import get_task
 from workers import checkpoints
 from workers.checkpoints import newest_usable, stored_checkpoints
-from workers.durability import ITERATION_KEY, REPLAYED_KEY, Fence, Ledger, ReportCounts, Resume
+from workers.durability import Fence, Ledger, ReportCounts, Resume
+from workers.result_keys import ARTIFACTS_KEY, EXPLOIT_KEY, ITERATION_KEY, NODE_KEY, REPLAYED_KEY
 
 log = logging.getLogger(__name__)
-ARTIFACTS_KEY = "artifacts"
-"""Result key under which files from `session.log_artifact` reach the driver (name -> base64)."""
-NODE_KEY = "node_id"
-"""Result key naming the Ray node that ran the trial (node_ip alone cannot tell apart nodes on one host)."""
-EXPLOIT_KEY = "layerlab_exploit"
-"""Result key of a trial's first report after PBT gave it another trial's weights: where they came from (that
-trial and its step) and the config values that changed (name -> [the source's value, this trial's])."""
 
 
 class _Artifacts:

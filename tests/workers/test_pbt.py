@@ -1,5 +1,5 @@
 """PBT's pieces that need no cluster: the range its perturbations are kept in, what a step adds to a trial's
-run, and the parent's schedule picture (a whole PBT sweep, with a worker kill: tests/e2e/test_pbt_e2e.py)."""
+run, and the parent's schedule picture (a whole PBT sweep, with a worker kill: tests/e2e/test_worker_faults.py)."""
 
 from __future__ import annotations
 
