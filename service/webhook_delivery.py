@@ -17,6 +17,7 @@ import time
 from urllib.parse import urlsplit
 
 import httpx
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from service.queue import QueueStore
 from service.settings import Settings
@@ -100,9 +101,20 @@ class WebhookDeliverer:
         self._http.close()
 
     def _loop(self) -> None:
+        away_since: float | None = None
         while not self._stop.is_set():
             try:
                 self.run_once()
-            except Exception:  # the database away, say: the rows wait there; try again next pass
+            except DBAPIError as exc:
+                if not (isinstance(exc, OperationalError) or exc.connection_invalidated):
+                    log.warning("webhook deliverer: pass failed; trying again", exc_info=True)
+                elif away_since is None:  # the queue database away: the rows wait there; one line, not a trace
+                    away_since = time.monotonic()
+                    log.warning("webhook deliverer: the queue database is unreachable (%s); trying again", exc.orig)
+            except Exception:  # anything else is a fault of ours: its traceback, and the next pass tries again
                 log.warning("webhook deliverer: pass failed; trying again", exc_info=True)
+            else:
+                if away_since is not None:
+                    log.info("webhook deliverer: the queue database is back after %.0fs", time.monotonic() - away_since)
+                    away_since = None
             self._stop.wait(self.settings.webhook_poll_seconds)

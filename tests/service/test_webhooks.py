@@ -319,3 +319,22 @@ def test_the_cli_adds_lists_and_removes_through_a_served_api(
     finally:
         server.should_exit = True  # its lifespan stops the deliverer
         thread.join(timeout=30)
+
+
+def test_a_queue_database_away_is_one_warning_line_not_a_traceback_a_pass(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.support import free_port
+
+    away = QueueStore(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nowhere", run_migrations=False)
+    deliverer = WebhookDeliverer(away, settings.model_copy(update={"webhook_poll_seconds": 0.05}))
+    caplog.set_level(logging.INFO, logger="service.webhook_delivery")
+    deliverer.start()
+    try:
+        wait_until(lambda: len(caplog.records) > 0, 30, "the deliverer's first pass")
+        time.sleep(0.5)  # ten passes more, all failing
+    finally:
+        deliverer.stop()
+    said = [r for r in caplog.records if r.name == "service.webhook_delivery"]
+    assert len(said) == 1 and said[0].levelname == "WARNING" and said[0].exc_info is None, said
+    assert "the queue database is unreachable" in said[0].getMessage()
