@@ -475,7 +475,8 @@ def soak(minutes: float, seed: int, home: Path, settle_minutes: float = 15) -> i
         s.note("chaos over; settling", sweeps=len(sweeps))
         states = settle(s, sweeps, settle_minutes * 60)
         failures, figures = check(s, sweeps, states)
-    report = {"seed": seed, "minutes": minutes, **figures, "failures": failures, "log": s.log}
+        took = round(time.monotonic() - s.t0)
+    report = {"seed": seed, "minutes": minutes, "took_s": took, **figures, "failures": failures, "log": s.log}
     (home / "chaos-report.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps({k: v for k, v in report.items() if k != "log"}, indent=2, default=str))
     print("PASS" if not failures else f"FAIL: {len(failures)} check(s) failed", flush=True)

@@ -49,6 +49,30 @@ _RAY_CODE: list[Path | None] = [None]
 """The working_dir of this process's Ray job: the code of the sweep it runs, None for built-in tasks."""
 
 
+def ray_cluster_lost(timeout: float = 15.0) -> bool:
+    """Whether this process's Ray connection is broken: its cluster's head gone, or started again (a new cluster
+    id). Asked after a sweep raised, so that a lost cluster gives the sweep back instead of failing it. The GCS
+    query runs in a thread: against a dead head it would wait out Ray's reconnect timeout (a minute)."""
+    import ray
+
+    if not ray.is_initialized():
+        return False
+    answered = threading.Event()
+    broken: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            ray.nodes()  # type: ignore[no-untyped-call]
+        except Exception as exc:  # noqa: BLE001 - any error of the GCS client is a broken connection
+            broken.append(exc)
+        answered.set()
+
+    threading.Thread(target=ask, name="ray-probe", daemon=True).start()
+    if not answered.wait(timeout):
+        return True
+    return bool(broken)
+
+
 def ensure_ray(settings: Settings, code: Path | None = None) -> None:
     """Connect to Ray as a job whose runtime_env ships `code` (a sweep's own code) to every trial process,
     or none; a connection made for other code is closed and made again (a new Ray job)."""
@@ -179,6 +203,8 @@ class Worker:
             except Exception as exc:
                 if stop.lease_lost.is_set():
                     log.warning("sweep %s ended after the lease was lost: %s", claim.sweep_id, exc)
+                elif ray_cluster_lost():
+                    self._give_back_for_lost_ray(claim, live_holder.get("live"), exc)
                 else:
                     reason = failure_reason(exc)
                     log.error("sweep %s failed: %s\n%s", claim.sweep_id, reason, traceback.format_exc())
@@ -192,6 +218,25 @@ class Worker:
 
                     LIVE.pop(claim.sweep_id, None)
                     live.tracker.close()  # its shipper's thread
+
+    def _give_back_for_lost_ray(self, claim: Claim, live: Any, exc: Exception) -> None:
+        """The Ray cluster this worker joined went away or started again under the sweep: not the sweep's fault.
+        The sweep goes back to the queue (the next claim resumes it from the ledger, as after a kill) and this
+        worker stops: its Ray connection cannot be made good in this process (Ray's core worker holds the old
+        cluster's id), so whatever supervises it (the keeper, systemd, Kubernetes) starts a fresh one."""
+        reason = (
+            f"worker {self.worker_id} lost its Ray cluster ({failure_reason(exc)}); the sweep resumes on the next claim"
+        )
+        log.warning("sweep %s: %s", claim.sweep_id, reason)
+        self.shutdown.set()
+        try:
+            if live is not None:
+                live.tracker.shipper.drain(wait_seconds=10)  # what is left waits in the outbox for the next attempt
+            if self._stop is not None:
+                self._stop.ending.set()
+            self.store.requeue(claim, reason)
+        except LeaseLost as lost:
+            log.warning("%s", lost)
 
     def _close(self, claim: Claim, live: Any, status: str, reason: str) -> None:
         """End a sweep that did not succeed: its unfinished trial rows to error / cancelled, MLflow brought up to
