@@ -489,6 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000, help="the random generator's seed")
     parser.add_argument("--home", type=Path, default=None, help="where the stack keeps its files (default: a temp dir)")
     args = parser.parse_args(argv)
+    # SIGTERM (timeout, kill) ends the soak through its cleanup: the stack's processes are its own children only in
+    # part (ray start, pg_ctl daemonize), and a plain exit would leave them running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     home = args.home or Path(tempfile.mkdtemp(prefix="layerlab-chaos-"))
     home.mkdir(parents=True, exist_ok=True)
     return soak(args.minutes, args.seed, home)

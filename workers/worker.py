@@ -27,6 +27,7 @@ from service.models import TrialState
 from service.queue import Claim, QueueStore
 from service.settings import RAY_ENV_DEFAULTS, WORKER_ENV_DEFAULTS, Settings
 from service.spec import SweepSpec, parse_spec
+from workers.mlflow_store import unreachable
 from workers.offer import ClusterOffer
 from workers.stop import StopRequests
 from workers.supervisor import local_worker_id, take_over_dead_local_leases
@@ -44,6 +45,9 @@ class DataPathError(ValueError):
     """A task param names a file or folder outside this worker's LAYERLAB_DATA_ROOTS: the sweep fails
     before anything runs."""
 
+
+GIVE_BACK_PAUSE_SECONDS = 10.0
+"""After giving a sweep back because MLflow did not answer, this long before the next claim."""
 
 _RAY_CODE: list[Path | None] = [None]
 """The working_dir of this process's Ray job: the code of the sweep it runs, None for built-in tasks."""
@@ -204,7 +208,13 @@ class Worker:
                 if stop.lease_lost.is_set():
                     log.warning("sweep %s ended after the lease was lost: %s", claim.sweep_id, exc)
                 elif ray_cluster_lost():
-                    self._give_back_for_lost_ray(claim, live_holder.get("live"), exc)
+                    # Ray's core worker holds the old cluster's id: this process cannot join the new one
+                    why = f"lost its Ray cluster ({failure_reason(exc)})"
+                    self._give_back(claim, live_holder.get("live"), why, stop_worker=True)
+                elif unreachable(exc):  # MLflow down or restarting (5xx) at a write outside the shipper
+                    why = f"found MLflow unreachable ({failure_reason(exc)})"
+                    self._give_back(claim, live_holder.get("live"), why, stop_worker=False)
+                    self.shutdown.wait(GIVE_BACK_PAUSE_SECONDS)  # not straight back into the same outage
                 else:
                     reason = failure_reason(exc)
                     log.error("sweep %s failed: %s\n%s", claim.sweep_id, reason, traceback.format_exc())
@@ -219,16 +229,16 @@ class Worker:
                     LIVE.pop(claim.sweep_id, None)
                     live.tracker.close()  # its shipper's thread
 
-    def _give_back_for_lost_ray(self, claim: Claim, live: Any, exc: Exception) -> None:
-        """The Ray cluster this worker joined went away or started again under the sweep: not the sweep's fault.
-        The sweep goes back to the queue (the next claim resumes it from the ledger, as after a kill) and this
-        worker stops: its Ray connection cannot be made good in this process (Ray's core worker holds the old
-        cluster's id), so whatever supervises it (the keeper, systemd, Kubernetes) starts a fresh one."""
-        reason = (
-            f"worker {self.worker_id} lost its Ray cluster ({failure_reason(exc)}); the sweep resumes on the next claim"
-        )
+    def _give_back(self, claim: Claim, live: Any, why: str, stop_worker: bool) -> None:
+        """A fault of the infrastructure, not of the sweep (its Ray cluster gone or started again, MLflow not
+        answering a write): the sweep goes back to the queue and the next claim resumes it from the ledger, as
+        after a kill; every step of its end is safe to run again (a model registered from its parent run is
+        reused). `stop_worker`: this process cannot go on (whatever supervises it, the keeper, systemd,
+        Kubernetes, starts a fresh one)."""
+        reason = f"worker {self.worker_id} {why}; the sweep resumes on the next claim"
         log.warning("sweep %s: %s", claim.sweep_id, reason)
-        self.shutdown.set()
+        if stop_worker:
+            self.shutdown.set()
         try:
             if live is not None:
                 live.tracker.shipper.drain(wait_seconds=10)  # what is left waits in the outbox for the next attempt
