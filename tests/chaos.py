@@ -48,7 +48,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.production.cluster import RAY_ENV, S3, MlflowServer, RayCluster, mlflow_server, moto_s3
+from tests.production.cluster import RAY_ENV, S3, MlflowServer, RayCluster, mlflow_server, moto_s3, production_env
 from tests.support import LAYERLAB, PrivatePostgres, free_port, private_postgres, wait_until
 
 USERS = ("alice", "bob", "carol")
@@ -198,20 +198,7 @@ def production_stack(home: Path) -> Iterator[Soak]:
         ray.add_node(cpus=2)
         ray.wait_for_nodes(2)
         port = free_port()
-        env = {
-            **os.environ, **s3.env, **mlflow.client_env,
-            "LAYERLAB_HOME": str(home),
-            "LAYERLAB_DATABASE_URL": f"{url}/queue",
-            "LAYERLAB_API_URL": f"http://127.0.0.1:{port}",
-            "LAYERLAB_MLFLOW_UI_URL": mlflow.url,
-            "LAYERLAB_TUNE_STORAGE": f"s3://{s3.bucket}/tune",
-            "LAYERLAB_HEARTBEAT_SECONDS": "1",
-            "LAYERLAB_LEASE_SECONDS": "8",
-            "LAYERLAB_POLL_SECONDS": "0.5",
-            "RAY_ADDRESS": ray.address,
-        }  # fmt: skip
-        for k in ("LAYERLAB_MLFLOW_ADMIN_PASSWORD", "LAYERLAB_MLFLOW_ADMIN_PASSWORD_FILE", "LAYERLAB_API_TOKEN"):
-            env.pop(k, None)
+        env = production_env(home, f"{url}/queue", port, s3, mlflow, ray)
         soak = Soak(home=home, pg=pg, s3=s3, mlflow=mlflow, ray=ray, env=env, api_port=port)
         for user in ("ops", *USERS):
             admin = ["--admin"] if user == "ops" else []

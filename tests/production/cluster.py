@@ -205,6 +205,28 @@ def pg_databases(*purposes: str) -> Iterator[dict[str, str]]:
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def production_env(
+    home: Path, queue_url: str, api_port: int, s3: S3, mlflow: MlflowServer, ray: RayCluster
+) -> dict[str, str]:
+    """The environment of the production stack's API and workers on loopback: PostgreSQL queue, MLflow server,
+    Tune's storage on S3, the Ray cluster, short leases (no token yet: the caller makes one)."""
+    env = {
+        **os.environ, **s3.env, **mlflow.client_env,
+        "LAYERLAB_HOME": str(home),
+        "LAYERLAB_DATABASE_URL": queue_url,
+        "LAYERLAB_API_URL": f"http://127.0.0.1:{api_port}",
+        "LAYERLAB_MLFLOW_UI_URL": mlflow.url,
+        "LAYERLAB_TUNE_STORAGE": f"s3://{s3.bucket}/tune",
+        "LAYERLAB_HEARTBEAT_SECONDS": "1",
+        "LAYERLAB_LEASE_SECONDS": "8",
+        "LAYERLAB_POLL_SECONDS": "0.5",
+        "RAY_ADDRESS": ray.address,
+    }  # fmt: skip
+    for k in ("LAYERLAB_MLFLOW_ADMIN_PASSWORD", "LAYERLAB_MLFLOW_ADMIN_PASSWORD_FILE", "LAYERLAB_API_TOKEN"):
+        env.pop(k, None)
+    return env
+
+
 @dataclass
 class MlflowServer:
     url: str

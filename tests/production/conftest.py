@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.e2e.conftest import LAYERLAB, Stack, free_port, wait_until
 
-from .cluster import S3, MlflowServer, RayCluster, mlflow_server, moto_s3, pg_databases, ray_cluster
+from .cluster import S3, MlflowServer, RayCluster, mlflow_server, moto_s3, pg_databases, production_env, ray_cluster
 
 
 @dataclass(kw_only=True)
@@ -49,22 +49,7 @@ def production(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Production]
         ray_cluster(2, {**os.environ, **s3.env}) as ray,
     ):
         port = free_port()
-        env = {
-            **os.environ,
-            **s3.env,
-            **mlflow.client_env,
-            "LAYERLAB_HOME": str(home),
-            "LAYERLAB_DATABASE_URL": dbs["queue"],
-            "LAYERLAB_API_URL": f"http://127.0.0.1:{port}",
-            "LAYERLAB_MLFLOW_UI_URL": mlflow.url,
-            "LAYERLAB_TUNE_STORAGE": f"s3://{s3.bucket}/tune",
-            "LAYERLAB_HEARTBEAT_SECONDS": "1",
-            "LAYERLAB_LEASE_SECONDS": "8",
-            "LAYERLAB_POLL_SECONDS": "0.5",
-            "RAY_ADDRESS": ray.address,
-        }
-        for k in ("LAYERLAB_MLFLOW_ADMIN_PASSWORD", "LAYERLAB_MLFLOW_ADMIN_PASSWORD_FILE", "LAYERLAB_API_TOKEN"):
-            env.pop(k, None)
+        env = production_env(home, dbs["queue"], port, s3, mlflow, ray)
         created = subprocess.run(
             [LAYERLAB, "token", "create", "--user", "ops", "--admin"], env=env, capture_output=True, text=True
         )

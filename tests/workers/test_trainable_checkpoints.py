@@ -63,7 +63,8 @@ for name in state_files():  # the kill came before Tune saved its state again
 for name, data in older.items():
     (experiment / name).write_bytes(data)
 attempt(3, (folder(1), 2))  # resumes at 2; iteration 3 goes to checkpoint_000001 again; killed before confirmed
-print("FOLDER", sorted(p.name for p in Path(folder(1)).iterdir()), flush=True)
+# the checkpoint files (beside them, Tune's .metadata.json: the trial that wrote the folder last, workers.trainable)
+print("FOLDER", sorted(p.name for p in Path(folder(1)).glob("checkpoint-*")), flush=True)
 state, iteration = resume_point(tune.Checkpoint(folder(1)), (folder(1), 2), Fence.for_sweep(str(storage), 1, 4))
 print("ATTEMPT 4 RESUMES AT", iteration, state, flush=True)
 """
