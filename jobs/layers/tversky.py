@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jobs.layers.tversky_kernels import default_chunk_size, fused_product_ignorematch, per_feature_terms
+from jobs.layers.tversky_kernels import chunked_terms, default_chunk_size, fused_product_ignorematch
 from jobs.layers.tversky_reductions import DIFFERENCES, INTERSECTIONS, reference_terms
 
 # The reductions' names, re-exported beside the layer's other options (one import for a config): their one
@@ -170,7 +170,7 @@ def tversky_similarity(
             raise RuntimeError("per_feature_kernel='triton': triton does not import here; use 'auto' or 'chunked'")
         # Indicators are formed inside the kernels. Padding prototypes are left out (v[:p] is a view): they help
         # cuBLAS, not these kernels, and padded [N, P'] outputs would be copies of GiBs in an LM head.
-        inter, diff_xy, diff_yx = kernels.per_feature_terms(u, v[:p], None, None, intersection, difference, None, p)
+        inter, diff_xy, diff_yx = kernels.triton_terms(u, v[:p], None, None, intersection, difference, None, p)
         pad = 0  # [N, P] already
     else:
         # Indicators 1[u > 0] = sign(u) as u >= 0: in the compute dtype (bf16 and autocast work), no autograd
@@ -179,7 +179,7 @@ def tversky_similarity(
         v_in = v.detach().sign()  # [P', F]
         if semantics == "per_feature":
             chunk = default_chunk_size(u.device) if chunk_size is None else chunk_size
-            inter, diff_xy, diff_yx = per_feature_terms(u, v, u_in, v_in, intersection, difference, chunk, p)
+            inter, diff_xy, diff_yx = chunked_terms(u, v, u_in, v_in, intersection, difference, chunk, p)
         else:  # Ψ of the aggregated sums (tversky_reductions.py), each term [N, P']
             inter, diff_xy, diff_yx = reference_terms(u, v, u_in, v_in, intersection, difference)
 

@@ -3,7 +3,7 @@
 `grid_similarity` is `tversky_similarity` with a leading model axis (x [M, N, d], prototypes [M, P, d], bank
 [M, F, d], θ/α/β [M], normalize [M]): each line is the batched form of the same line of the layer, and the
 reductions are the layer's own (jobs/layers/tversky_reductions.py: its formulas take leading batch dimensions).
-`per_feature_terms` sums the per-feature Ψ on the whole [M, N, P, F] tensor instead of the layer's chunked
+`grid_terms` sums the per-feature Ψ on the whole [M, N, P, F] tensor instead of the layer's chunked
 kernels. `official_similarity` runs the `tversky==0.2.1` package's own forward under `torch.func.vmap`, NaN
 gradients included. The task jobs/tversky/xor_grid.py stacks its models on these (`TverskyXorGrid`).
 """
@@ -32,7 +32,7 @@ def grid_similarity(
 ) -> torch.Tensor:
     """M independent `tversky_similarity`s: x [M, N, d], y [M, P, d], bank [M, F, d], θ/α/β [M], normalize [M]
     bool -> [M, N, P]. Each line is the batched form of the same line of jobs/layers/tversky.py; per_feature's
-    terms are `per_feature_terms`, the formulas of jobs/layers/tversky_reductions.per_feature_terms."""
+    terms are `grid_terms`, the formulas of jobs/layers/tversky_reductions.per_feature_terms."""
     keep = normalize[:, None, None]  # [M, 1, 1]: normalize varies per model, so select rather than branch
     x = torch.where(keep, F.normalize(x, dim=-1), x)
     y = torch.where(keep, F.normalize(y, dim=-1), y)
@@ -49,7 +49,7 @@ def grid_similarity(
         return left @ right.transpose(1, 2)  # [M, N, P]
 
     if semantics == "per_feature":
-        inter, diff_xy, diff_yx = per_feature_terms(u, v, u_in, v_in, intersection, difference)
+        inter, diff_xy, diff_yx = grid_terms(u, v, u_in, v_in, intersection, difference)
     else:  # the layer's reference reductions, batched over M: [M, N, P] each
         inter, diff_xy, diff_yx = reductions.reference_terms(u, v, u_in, v_in, intersection, difference)
     if similarity == "contrast":
@@ -63,7 +63,7 @@ def _sqrt0(t: torch.Tensor) -> torch.Tensor:
     return torch.where(present, torch.where(present, t, torch.ones_like(t)).sqrt(), torch.zeros_like(t))
 
 
-def per_feature_terms(
+def grid_terms(
     u: torch.Tensor, v: torch.Tensor, u_in: torch.Tensor, v_in: torch.Tensor, intersection: str, difference: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """f(A∩B), f(A-B), f(B-A)ᵀ with the paper's per-feature Ψ: u [M, N, F], v [M, P, F] -> three [M, N, P].

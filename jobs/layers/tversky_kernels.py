@@ -2,7 +2,7 @@
 
 - `fused_product_ignorematch`: product + ignorematch + contrast as ONE GEMM of width 2F, with a hand-written
   backward (3 GEMM units instead of autograd's 4, and no autograd graph over the [P, F] elementwise terms).
-- `per_feature_terms`: f(A∩B), f(A-B), f(B-A) as the paper writes them, Σ_k Ψ(a_k, b_k)·1[a_k > 0 ∧ b_k > 0],
+- `chunked_terms`: f(A∩B), f(A-B), f(B-A) as the paper writes them, Σ_k Ψ(a_k, b_k)·1[a_k > 0 ∧ b_k > 0],
   by the formulas of tversky_reductions.py. product, mean, gmean and ignorematch are GEMMs. min, max and
   substractmatch all follow from one O(NPF)-compute kernel, M = Σ_k min(a_k, b_k); softmin has a kernel of its
   own. Both kernels work on tiles of at most `chunk_size` elements of the [N, P, F] tensor, forward and
@@ -199,7 +199,7 @@ def pairwise_feature_sum(u: torch.Tensor, v: torch.Tensor, kernel: str, chunk: i
     return _PairwiseFeatureSum.apply(u, v, kernel, chunk)
 
 
-def per_feature_terms(
+def chunked_terms(
     u: torch.Tensor,
     v: torch.Tensor,
     u_in: torch.Tensor,

@@ -6,7 +6,7 @@ over (P, F) that reduces N (grad v). Membership indicators 1[u_k > 0], 1[v_k > 0
 [N, F] / [P, F] measures, sums run in float32 whatever the input dtype (fp32, bf16, fp16), and memory is the three
 [N, P] outputs, their gradients and the [N, F] / [P, F] inputs: never [N, P, F].
 
-`per_feature_terms` is a drop-in for `tversky_kernels.per_feature_terms` (the chunked path), with its values and its
+`triton_terms` is a drop-in for `tversky_kernels.chunked_terms` (the chunked path), with its values and its
 gradient conventions, all of which are kept here element by element. The names of Ψ and of the differences, and the
 formulas these kernels compute, are jobs/layers/tversky_reductions.py's; a kernel cannot call torch, so the
 elementwise math is written again below, in Triton:
@@ -272,7 +272,7 @@ class _PerFeatureTerms(torch.autograd.Function):
         return du, dv, None, None, None
 
 
-def per_feature_terms(
+def triton_terms(
     u: torch.Tensor,
     v: torch.Tensor,
     u_in: torch.Tensor | None,
@@ -284,18 +284,18 @@ def per_feature_terms(
     *,
     blocks: Blocks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """f(A∩B), f(A-B), f(B-A)ᵀ, each [N, P] float32: `tversky_kernels.per_feature_terms` through the Triton kernels.
+    """f(A∩B), f(A-B), f(B-A)ᵀ, each [N, P] float32: `tversky_kernels.chunked_terms` through the Triton kernels.
 
     The signature is the chunked path's. `u_in`, `v_in` (indicators) and `chunk` are not used: the kernels form
     the indicators on the fly and hold one register tile at a time (`blocks`).
     """
     if intersection not in PSI_CODES or difference not in DIFFERENCES:
         raise ValueError(
-            f"per_feature_terms: unknown intersection {intersection!r} or difference {difference!r}; "
+            f"triton_terms: unknown intersection {intersection!r} or difference {difference!r}; "
             f"allowed: {', '.join(INTERSECTIONS)} / {', '.join(DIFFERENCES)}"
         )
     if u.dtype not in SUPPORTED_DTYPES or v.dtype != u.dtype:
-        raise TypeError(f"per_feature_terms (Triton): u, v must share a dtype in {SUPPORTED_DTYPES}, got {u.dtype}")
+        raise TypeError(f"triton_terms: u, v must share a dtype in {SUPPORTED_DTYPES}, got {u.dtype}")
     pad = v.shape[0] - real_p
     inter, dxy, dyx = _PerFeatureTerms.apply(
         u, v[:real_p], PSI_CODES[intersection], difference == "substractmatch", blocks or DEFAULT_BLOCKS

@@ -56,8 +56,8 @@ def _close(got: torch.Tensor, expected: torch.Tensor, what: str, rtol: float = 1
 
 def _compare_terms(u, v, intersection: str, difference: str, real_p: int, blocks: tt.Blocks) -> None:
     u_in, v_in = u.detach().sign(), v.detach().sign()
-    expected = chunked.per_feature_terms(u, v, u_in, v_in, intersection, difference, 2**20, real_p)
-    got = tt.per_feature_terms(u, v, None, None, intersection, difference, None, real_p, blocks=blocks)
+    expected = chunked.chunked_terms(u, v, u_in, v_in, intersection, difference, 2**20, real_p)
+    got = tt.triton_terms(u, v, None, None, intersection, difference, None, real_p, blocks=blocks)
     names = ("f(A∩B)", "f(A-B)", "f(B-A)")
     for name, a, b in zip(names, got, expected, strict=True):
         _close(a, b.float(), f"{intersection}+{difference} {name}")
@@ -75,7 +75,7 @@ def test_psi_codes_come_from_the_one_list_of_names() -> None:
     assert tt.PSI_CODES == {"product": 0, "min": 1, "max": 2, "mean": 3, "gmean": 4, "softmin": 5}
     assert tuple(tt.PSI_CODES) == tv.INTERSECTIONS
     with pytest.raises(ValueError, match=r"allowed: product, min, max, mean, gmean, softmin / ignorematch, substract"):
-        tt.per_feature_terms(torch.ones(1, 1), torch.ones(1, 1), None, None, "median", "ignorematch", None, 1)
+        tt.triton_terms(torch.ones(1, 1), torch.ones(1, 1), None, None, "median", "ignorematch", None, 1)
 
 
 @pytest.mark.parametrize("intersection,difference", TERMS, ids=["-".join(t) for t in TERMS])
@@ -139,8 +139,8 @@ def test_half_inputs_sum_in_float32(dtype: torch.dtype, intersection: str, diffe
     u, v = _measures(11, 10, 24, real_p=10, seed=2)
     low_u, low_v = (t.detach().to(dtype).requires_grad_() for t in (u, v))
     up_u, up_v = (t.detach().float().requires_grad_() for t in (low_u, low_v))
-    got = tt.per_feature_terms(low_u, low_v, None, None, intersection, difference, None, 10, blocks=SMALL)
-    expected = chunked.per_feature_terms(up_u, up_v, up_u.sign(), up_v.sign(), intersection, difference, 2**20, 10)
+    got = tt.triton_terms(low_u, low_v, None, None, intersection, difference, None, 10, blocks=SMALL)
+    expected = chunked.chunked_terms(up_u, up_v, up_u.sign(), up_v.sign(), intersection, difference, 2**20, 10)
     for a, b in zip(got, expected, strict=True):
         assert a.dtype == torch.float32
         _close(a, b, f"{dtype} terms")
@@ -172,7 +172,7 @@ def test_no_op_returns_an_n_p_f_tensor() -> None:
     u, v = _measures(n, p, f, real_p=p, seed=3)
     blocks = tt.Blocks(16, 16, 64)
     with _LargestBytes() as seen:
-        out = tt.per_feature_terms(u, v, None, None, "softmin", "substractmatch", None, p, blocks=blocks)
+        out = tt.triton_terms(u, v, None, None, "softmin", "substractmatch", None, p, blocks=blocks)
         sum(t.sum() for t in out).backward()
     bound = 4 * max(n * p, n * f, p * f)
     assert 10 * bound <= 4 * n * p * f, "shapes too small for the bound to mean anything"
@@ -189,4 +189,4 @@ def test_dispatch() -> None:
     with pytest.raises(ValueError, match=r"unknown per_feature_kernel 'cuda'; allowed: auto, chunked, triton"):
         tv.per_feature_backend("cpu", torch.float32, "cuda")
     with pytest.raises(ValueError, match=r"unknown intersection 'median'"):
-        tt.per_feature_terms(torch.ones(1, 1), torch.ones(1, 1), None, None, "median", "ignorematch", None, 1)
+        tt.triton_terms(torch.ones(1, 1), torch.ones(1, 1), None, None, "median", "ignorematch", None, 1)
