@@ -1,6 +1,6 @@
 """The chaos soak: the production stack on loopback, three users' sweeps, and random kills of its parts.
 
-    python -m tests.chaos --minutes 10 --seed 7      (`make chaos`; tests/faults/test_chaos.py runs 2 minutes)
+    python -m tests.chaos --minutes 10 --seed 7      (`make chaos`; tests/faults/test_chaos.py runs 2 minutes, seed 1)
 
 The stack: a PostgreSQL of its own (queue, MLflow backend, MLflow auth store), moto S3 (artifacts, Tune's storage),
 the MLflow server with basic auth, a Ray cluster of two nodes, the API and two workers on that cluster. Three users
