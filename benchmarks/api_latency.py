@@ -72,6 +72,20 @@ async def phase(port: int, request: bytes, clients: int, seconds: float) -> tupl
     return latencies, seconds, sum(errors)
 
 
+def wait_for_api(base: str, log: Path, timeout: float = 60) -> None:
+    """Until the API at `base` answers /healthz; exits naming `log` if it does not within `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the API did not start; see {log}")
+        time.sleep(0.2)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -96,16 +110,7 @@ def main() -> None:
             log = open(home / "api.log", "wb")  # noqa: SIM115 - closed with the server
             server = subprocess.Popen([LAYERLAB, "serve", "--port", str(port)], env=env, stdout=log, stderr=log)
             base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"the API did not start; see {home / 'api.log'}")
-                time.sleep(0.2)
+            wait_for_api(base, home / "api.log")
             auth = {"Authorization": f"Bearer {token}"}
             spec = (ROOT / "sweeps" / "tversky_xor_demo.yaml").read_bytes()
             created = httpx.post(f"{base}/sweeps", content=spec, headers={**auth, "content-type": "application/yaml"})

@@ -222,19 +222,24 @@ def run_service(trials: int, mlflow_server: bool = False, cpu: bool = False, spy
             return {**timed, "cpu": use.by_group() if use else None}
     finally:
         for proc in procs:
-            # The process alone first: a worker shuts its local Ray down itself. Its whole group at once
-            # (Ray included) left it retrying the dead Ray at a full core for a minute.
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # what is left of the group (Ray's processes)
-            except ProcessLookupError:
-                pass
+            stop_group(proc)
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the process alone first: a worker shuts its local Ray down itself. Its whole group at once (Ray
+    included) left it retrying the dead Ray at a full core for a minute. Then SIGKILL to what is left of the
+    group (Ray's processes)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _free_port() -> int:

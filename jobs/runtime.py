@@ -10,10 +10,24 @@ alone (`python -m jobs run ...`).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from typing import Any, Protocol
 
 import torch
+
+
+def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: Any, **extra: Any) -> dict[str, Any]:
+    """The state a task reports as its checkpoint: the model's tensors (on the CPU), the optimizer's state, `extra`
+    (the step, a scheduler's or generator's state) and the config as a dict. Copies all: the session may write
+    the state after the training has gone on, and later steps must not change it."""
+    return {
+        "model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
+        "optimizer": copy.deepcopy(optimizer.state_dict()),
+        **extra,
+        "config": dataclasses.asdict(cfg),
+    }
 
 
 class Session(Protocol):

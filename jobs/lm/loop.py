@@ -13,8 +13,6 @@ are the tokens val/loss is measured on, so a task scores its n-gram baselines (j
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -26,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jobs.data.text import eval_windows, get_batch
-from jobs.runtime import Session
+from jobs.runtime import Session, training_state
 
 
 class LmLoopConfig(Protocol):
@@ -174,12 +172,6 @@ def train_lm(
                     "tokens_per_s": tokens_per_s,
                 }
             )
-            state = {
-                "model": {k: v.detach().clone() for k, v in raw_model.state_dict().items()},
-                "optimizer": copy.deepcopy(optimizer.state_dict()),  # a copy: later steps must not mutate it
-                "step": step,
-                "config": dataclasses.asdict(cfg),  # type: ignore[call-overload]  # a dataclass config
-                **extra_state,
-            }
+            state = training_state(raw_model, optimizer, cfg, step=step, **extra_state)
             session.report(metrics, checkpoint=state)
             train_losses, tokens, clock = [], 0, time.perf_counter()

@@ -40,7 +40,6 @@ Run alone: `python -m jobs run memory.capacity --set activation=gelu --set d=64`
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -53,7 +52,7 @@ from jobs.config import check_fields
 from jobs.layers.memory import ACTIVATIONS, Activation, KeyValueMemory
 from jobs.memory.capacity_curve import capacity_from_curve
 from jobs.registry import Task
-from jobs.runtime import Session
+from jobs.runtime import Session, training_state
 from jobs.stats import versus_baseline
 from jobs.tables import TableRows, check_rows, csv_bytes, group_rows, png_bytes
 
@@ -287,12 +286,7 @@ def train(cfg: CapacityConfig, session: Session) -> None:
             metrics["table"] = TableRows(_rows(cfg, ev, loss, metrics, params, baseline))
             png = curve_png(cfg, ev["recall"], ev["bit_accuracy"], metrics, baseline["recall"])
             session.log_artifact("capacity_curve.png", png)
-        state = {
-            "model": {k: v.detach().clone() for k, v in raw_model.state_dict().items()},
-            "optimizer": copy.deepcopy(optimizer.state_dict()),  # a copy: later steps must not mutate it
-            "step": step,
-            "config": dataclasses.asdict(cfg),
-        }
+        state = training_state(raw_model, optimizer, cfg, step=step)
         session.report(metrics, checkpoint=state)
 
     for step in range(start + 1, cfg.steps + 1):

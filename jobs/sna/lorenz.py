@@ -38,8 +38,6 @@ Run alone: `python -m jobs run sna.lorenz --set model=cp --set rank=32 --set ste
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import functools
 import math
 import time
@@ -62,7 +60,7 @@ from jobs.layers.separable import (
     mlp,
 )
 from jobs.registry import Task
-from jobs.runtime import Session
+from jobs.runtime import Session, training_state
 from jobs.sna.lorenz_system import System, initial_states, integrate, lyapunov_spectrum
 from jobs.stats import t_interval, versus_baseline
 from jobs.tables import TableRows, check_rows, csv_bytes, markdown_table, png_bytes
@@ -418,12 +416,7 @@ def train(cfg: LorenzConfig, session: Session) -> None:
             if step == cfg.steps:
                 metrics["table"] = TableRows([_row(cfg, metrics)])
                 session.log_artifact("rollout.png", rollout_png(cfg, data, ev))
-            state = {
-                "model": {k: v.detach().clone() for k, v in raw_model.state_dict().items()},
-                "optimizer": copy.deepcopy(optimizer.state_dict()),
-                "step": step,
-                "config": dataclasses.asdict(cfg),
-            }
+            state = training_state(raw_model, optimizer, cfg, step=step)
             session.report(metrics, checkpoint=state)
             losses, clock = [], time.perf_counter()
 

@@ -6,8 +6,6 @@ evaluation (jobs/symbolic/eval.py), a report and a checkpoint; at the last step 
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
 import statistics
 import time
@@ -17,7 +15,7 @@ from typing import Any
 import torch
 
 from jobs.registry import Task
-from jobs.runtime import Session
+from jobs.runtime import Session, training_state
 from jobs.symbolic.data import Encoded, collate, encode
 from jobs.symbolic.eval import EvalSets, evaluate, heatmap_csv, heatmap_png, predictions_markdown
 from jobs.symbolic.report import make_summarize, trial_row
@@ -108,13 +106,7 @@ def run(cfg: SymbolicConfig, session: Session, data: SymbolicData) -> None:
                     session.log_artifact("heatmap.csv", heatmap_csv(cells))
                     title = f"{data.name} {cfg.variant}, seed {cfg.seed}: Correct per cell"
                     session.log_artifact("heatmap.png", heatmap_png([(cfg.variant, cells)], cfg.num_symbols, title))
-            state = {
-                "model": {k: v.detach().clone() for k, v in raw.state_dict().items()},
-                "optimizer": copy.deepcopy(optimizer.state_dict()),  # a copy: later steps must not mutate it
-                "step": step,
-                "rng": torch.get_rng_state(),
-                "config": dataclasses.asdict(cfg),
-            }
+            state = training_state(raw, optimizer, cfg, step=step, rng=torch.get_rng_state())
             session.report(metrics, checkpoint=state)
             losses, train_clock = [], time.perf_counter()
 

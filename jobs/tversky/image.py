@@ -28,8 +28,6 @@ Run alone: `python -m jobs run tversky.image --set head=linear --set epochs=1`.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -52,12 +50,13 @@ from jobs.config import check_fields
 from jobs.data.paths import DataPath
 from jobs.data.sharding import shard_indices
 from jobs.layers.image_heads import Backbone, ImageClassifier, Stem, count_parameters, create_backbone
-from jobs.layers.tversky import Difference, Init, Intersection, Semantics, SimilarityModel, TverskyProjection
+from jobs.layers.tversky import Difference, Init, Intersection, Semantics, SimilarityModel
 from jobs.registry import Task
-from jobs.runtime import Session
+from jobs.runtime import Session, training_state
 from jobs.tables import TableRows
 from jobs.tversky.image_summary import summarize, trial_pictures, trial_row
 from jobs.tversky.images import NORMALIZATION, NUM_CLASSES, ImageDataset, ImageSplits, load_images, resize
+from jobs.tversky.projection import projection_from
 
 EVAL_BATCH = 512
 
@@ -153,19 +152,7 @@ def build_model(cfg: ImageConfig) -> ImageClassifier:
     if cfg.head == "linear":
         head = nn.Linear(feat_dim, classes)
     else:
-        head = TverskyProjection(
-            feat_dim,
-            classes,
-            num_features=cfg.features,
-            intersection=cfg.intersection,
-            difference=cfg.difference,
-            similarity=cfg.similarity,
-            normalize=cfg.normalize,
-            prototype_init=cfg.prototype_init,
-            feature_init=cfg.feature_init,
-            init_scale=cfg.init_scale,
-            semantics=cfg.semantics,
-        )
+        head = projection_from(cfg, feat_dim, classes)
     mean, std = NORMALIZATION[cfg.dataset]
     frozen_stats = cfg.freeze_backbone and cfg.pretrain_epochs > 0
     return ImageClassifier(
@@ -393,14 +380,8 @@ def train(cfg: ImageConfig, session: Session) -> None:
         train_loss = _mean_over_ranks(loss_sum, seen, session) if finite else math.nan
         # Every rank holds the same weights and scores the whole test set; Tune sees rank 0's report.
         test_loss, test_accuracy = evaluate(raw_model, data.test_images, data.test_labels, cfg.image_size)
-        state = {
-            "model": {k: v.detach().to("cpu", copy=True) for k, v in raw_model.state_dict().items()},
-            "optimizer": copy.deepcopy(optimizer.state_dict()),  # a copy: later steps must not mutate it
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "epoch": epoch,
-            "config": dataclasses.asdict(cfg),
-            "pretrain": pretrain,
-        }
+        scheduler_state = scheduler.state_dict() if scheduler is not None else None
+        state = training_state(raw_model, optimizer, cfg, scheduler=scheduler_state, epoch=epoch, pretrain=pretrain)
         metrics: dict[str, Any] = {
             "train/loss": train_loss, "test/accuracy": test_accuracy, "test/loss": test_loss, "epoch": epoch,
             **baselines,

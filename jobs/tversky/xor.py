@@ -11,8 +11,6 @@ Run alone: `python -m jobs run tversky.xor --set features=4 --set intersection=m
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Annotated
@@ -24,7 +22,8 @@ import torch.nn.functional as F
 from jobs.config import check_fields
 from jobs.layers.tversky import Difference, Init, Intersection, Semantics, SimilarityModel, TverskyProjection
 from jobs.registry import Task
-from jobs.runtime import Session
+from jobs.runtime import Session, training_state
+from jobs.tversky.projection import projection_from
 from jobs.tversky.xor_data import xor_data
 
 
@@ -76,19 +75,7 @@ def majority_accuracy(y: torch.Tensor) -> float:
 
 
 def build_model(cfg: XorConfig) -> TverskyProjection:
-    return TverskyProjection(
-        in_features=2,
-        out_features=2,
-        num_features=cfg.features,
-        intersection=cfg.intersection,
-        difference=cfg.difference,
-        similarity=cfg.similarity,
-        normalize=cfg.normalize,
-        prototype_init=cfg.prototype_init,
-        feature_init=cfg.feature_init,
-        init_scale=cfg.init_scale,
-        semantics=cfg.semantics,
-    )
+    return projection_from(cfg, in_features=2, out_features=2)
 
 
 def example_input(cfg: XorConfig) -> torch.Tensor:
@@ -119,12 +106,8 @@ def train(cfg: XorConfig, session: Session) -> None:
             logits = model(x)
             loss = F.cross_entropy(logits, y).item()
             accuracy = (logits.argmax(dim=1) == y).float().mean().item()
-        state = {
-            "model": {k: v.detach().clone() for k, v in raw_model.state_dict().items()},
-            "optimizer": copy.deepcopy(optimizer.state_dict()),  # a copy: later steps must not mutate it
-            "step": step if finite else step - 1,  # a failed step left the parameters of step - 1
-            "config": dataclasses.asdict(cfg),
-        }
+        # a failed step left the parameters of step - 1
+        state = training_state(raw_model, optimizer, cfg, step=step if finite else step - 1)
         converged = 1.0 if accuracy == 1.0 and finite and math.isfinite(loss) else 0.0
         metrics = {"loss": loss, "accuracy": accuracy, "converged": converged, "step": step}
         metrics["baseline/majority"] = majority_accuracy(y)

@@ -27,7 +27,6 @@ Run alone: `python -m jobs run tversky.xor_grid --set intersection=product --set
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -55,7 +54,7 @@ from jobs.layers.tversky import (
 )
 from jobs.layers.tversky_grid import grid_similarity, official_layer, official_similarity
 from jobs.registry import Task
-from jobs.runtime import Session
+from jobs.runtime import Session, training_state
 from jobs.tables import TableRows
 from jobs.tversky.xor_data import xor_data
 from jobs.tversky.xor_grid_summary import AXES, WAYS, summarize
@@ -351,12 +350,7 @@ def train(cfg: XorGridConfig, session: Session) -> None:
             metrics[f"runs/{way}"] = int(mask.sum())
         if step == cfg.steps:  # the rows summarize() aggregates across trials
             metrics["table"] = _rows(cfg, converged, loss, accuracy, failed)
-        state = {
-            "model": {k: v.detach().clone() for k, v in raw_model.state_dict().items()},
-            "optimizer": copy.deepcopy(optimizer.state_dict()),  # a copy: later steps must not mutate it
-            "step": step,
-            "config": dataclasses.asdict(cfg),
-        }
+        state = training_state(raw_model, optimizer, cfg, step=step)
         session.report(metrics, checkpoint=state)
 
     for step in range(start + 1, cfg.steps + 1):

@@ -19,6 +19,9 @@ from tests.support import PrivatePostgres, private_postgres
 @pytest.fixture(scope="module")
 def pg() -> Iterator[PrivatePostgres]:
     with private_postgres() as server:
+        # The schema, made here: a test may open its store with run_migrations=False and still run first or alone
+        # (pytest-xdist's `load` hands this module's tests to two processes, each with a server of its own).
+        QueueStore(server.url).engine.dispose()
         yield server
 
 
