@@ -51,9 +51,16 @@ class TrialLedger(StoreBase):
             return s.scalars(select(Trial).where(*_trial_key(sweep_id, trial_id))).one()
 
     def trial_counts(self, sweep_id: int) -> dict[str, int]:
-        q = select(Trial.state, func.count()).where(Trial.sweep_id == sweep_id).group_by(Trial.state)
+        return self.trial_counts_of([sweep_id])[sweep_id]
+
+    def trial_counts_of(self, sweep_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+        """Trials by state of each sweep, in one statement (GET /sweeps lists up to 1,000)."""
+        counts: dict[int, dict[str, int]] = {sweep_id: {} for sweep_id in sweep_ids}
+        q = select(Trial.sweep_id, Trial.state, func.count()).where(Trial.sweep_id.in_(list(counts)))
         with self.session() as s:
-            return {state: n for state, n in s.execute(q)}
+            for sweep_id, state, n in s.execute(q.group_by(Trial.sweep_id, Trial.state)):
+                counts[sweep_id][state] = n
+        return counts
 
     # --- writes ------------------------------------------------------------------------------
 

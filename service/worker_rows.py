@@ -7,16 +7,17 @@ trials; the API reads the rows to say what a queued sweep waits for.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Integer, and_, delete, func, or_, select, update
+from sqlalchemy import Integer, delete, func, select, update
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from service.models import QueueWorker, Sweep, SweepState, owner_running, utcnow
+from service.models import QueueWorker, Sweep, SweepState, utcnow
 from service.routing import LIVE_SECONDS, Need, Node, SeenWorker, Waiting, waiting
 from service.store_base import StoreBase
 
@@ -59,31 +60,34 @@ class WorkerRows(StoreBase):
 
     def waiting(self, sweep: Any, seen: list[SeenWorker] | None = None) -> Waiting:
         """What a queued sweep (the ORM row or service.reads' row) waits for; `seen`: live_workers(), when
-        the caller asks for several sweeps."""
-        mine = select(func.count()).where(
-            Sweep.state == SweepState.running, Sweep.owner.is_not_distinct_from(sweep.owner)
-        )
+        the caller has it already."""
+        return self.waiting_all([sweep], seen)[sweep.id]
+
+    def waiting_all(self, sweeps: Sequence[Any], seen: list[SeenWorker] | None = None) -> dict[int, Waiting]:
+        """`waiting` of each of `sweeps` (queued ones), by id, in three statements however many there are (GET
+        /sweeps over a long queue made three a sweep): the running sweeps by owner, the queued sweeps' places in
+        the claim order (QueueStore.claim: priority, then the owner's running sweeps, then submission), the
+        live workers. Sweeps without an owner count as one owner, as in the claim."""
+        if not sweeps:
+            return {}
         with self.session() as s:
-            running = int(s.scalar(mine) or 0)
-            theirs = owner_running(Sweep)  # the claim order (QueueStore.claim), as it stands now
-            ahead = select(func.count()).where(
-                Sweep.state == SweepState.queued,
-                or_(
-                    Sweep.priority > sweep.priority,
-                    and_(Sweep.priority == sweep.priority, theirs < running),
-                    and_(Sweep.priority == sweep.priority, theirs == running, Sweep.submitted_at < sweep.submitted_at),
-                    and_(
-                        Sweep.priority == sweep.priority,
-                        theirs == running,
-                        Sweep.submitted_at == sweep.submitted_at,
-                        Sweep.id < sweep.id,
-                    ),
-                ),
-            )
-            n_ahead = int(s.scalar(ahead) or 0)
-        need = Need(cpus=sweep.need_cpus, gpus=sweep.need_gpus, workers=sweep.need_workers)
-        found = waiting(need, self.live_workers() if seen is None else seen, n_ahead)
-        return found.model_copy(update={"owner_running": running})
+            by_owner = select(Sweep.owner, func.count()).where(Sweep.state == SweepState.running)
+            running: dict[str | None, int] = {owner: int(n) for owner, n in s.execute(by_owner.group_by(Sweep.owner))}
+            queued = select(Sweep.priority, Sweep.owner, Sweep.submitted_at, Sweep.id)
+            rows = s.execute(queued.where(Sweep.state == SweepState.queued)).all()
+
+        def place(priority: int, owner: str | None, submitted_at: Any, sweep_id: int) -> tuple[Any, ...]:
+            return (-priority, running.get(owner, 0), submitted_at, sweep_id)
+
+        order = sorted(place(*row) for row in rows)
+        seen = self.live_workers() if seen is None else seen
+        found = {}
+        for sweep in sweeps:
+            ahead = bisect_left(order, place(sweep.priority, sweep.owner, sweep.submitted_at, sweep.id))
+            need = Need(cpus=sweep.need_cpus, gpus=sweep.need_gpus, workers=sweep.need_workers)
+            owner_running = running.get(sweep.owner, 0)
+            found[sweep.id] = waiting(need, seen, ahead).model_copy(update={"owner_running": owner_running})
+        return found
 
     def running_leases(self) -> list[tuple[int, str | None]]:
         """(sweep id, lease holder) of every running sweep."""

@@ -93,6 +93,25 @@ def test_fair_share_one_users_twenty_sweeps_do_not_hold_back_anothers_one(
     assert store.waiting(queued[alice[3]], able).message.endswith("; 1 queued sweep ahead of it")
 
 
+def test_the_listed_places_in_the_queue_are_the_claim_order(store: QueueStore, make_spec: MakeSpec) -> None:
+    """GET /sweeps says each queued sweep's place in one pass over the queue (waiting_all): it agrees with `waiting`
+    of each sweep alone, the places are 0..n-1, and the sweep with none ahead of it is the one the next claim
+    takes, after every claim (owners' running counts change the order as it goes)."""
+    owners = ["alice", "bob", None, "alice", "carol", "alice", None, "bob", "alice", "carol"]
+    priorities = [50, 50, 50, 90, 50, 10, 90, 50, 50, 50]
+    for i, (owner, priority) in enumerate(zip(owners, priorities, strict=True)):
+        store.submit(make_spec(f"s{i}", priority=priority), owner=owner)
+    able = [SeenWorker("w9", [{"cpus": 64, "gpus": 0}], None)]
+    for k in range(len(owners)):
+        queued = store.list_sweeps("queued", limit=100, offset=0)
+        listed = store.waiting_all(queued, able)
+        assert {i: w.message for i, w in listed.items()} == {s.id: store.waiting(s, able).message for s in queued}
+        ahead = {s.id: int(listed[s.id].message.rsplit("; ", 1)[1].split()[0]) for s in queued}
+        assert sorted(ahead.values()) == list(range(len(queued)))
+        assert claim(store, f"w{k}", 30).sweep_id == min(ahead, key=ahead.__getitem__)
+    assert store.waiting_all([], able) == {}
+
+
 def test_a_per_user_limit_holds_an_owners_next_sweep_while_others_run(store: QueueStore, make_spec: MakeSpec) -> None:
     first = [store.submit(make_spec(f"alice-{i}"), owner="alice").id for i in range(3)]
     bob = store.submit(make_spec("bob-0"), owner="bob").id
