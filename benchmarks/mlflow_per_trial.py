@@ -101,7 +101,7 @@ def per_trial(home: Path, tracking_uri: str, trials: int) -> tuple[float, float,
 
 def start_server(home: Path, port: int) -> subprocess.Popen[bytes]:
     """The tracking server as `layerlab up` starts it, its store under `home`, once it answers."""
-    home.mkdir(exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
     command = mlflow_server_cmd(Settings(home=home, mlflow_tracking_uri=None), port)
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
