@@ -45,6 +45,28 @@ def _seeded_generators() -> Iterator[None]:
     yield
 
 
+@pytest.fixture(autouse=True)
+def _mlflow_uris_left_as_found() -> Iterator[None]:
+    """`layerlab pull` and `Client.load_model` point MLflow's tracking and registry URIs at the service's for their
+    process (mlflow.set_tracking_uri / set_registry_uri, which also export MLFLOW_TRACKING_URI and
+    MLFLOW_REGISTRY_URI to child processes). A test that runs them in this process must not hand its URIs to the
+    next test: an e2e stack started after tests/service/test_cli_views.py registered its model in that test's
+    database, and a clean process could not find it."""
+    keys = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+    before = {key: os.environ.get(key) for key in keys}
+    yield
+    if "mlflow" not in sys.modules or all(os.environ.get(key) == value for key, value in before.items()):
+        return
+    mlflow = sys.modules["mlflow"]
+    mlflow.set_tracking_uri(before["MLFLOW_TRACKING_URI"])  # None: no global, and the variable unset
+    mlflow.set_registry_uri(before["MLFLOW_REGISTRY_URI"] or "")  # "": the registry follows the tracking URI
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 # Triton reads TRITON_INTERPRET when it decorates a kernel, so it must be set before any test imports
 # jobs/layers/tversky_triton.py: without a GPU, its tests run the kernels under Triton's interpreter.
 if not os.path.exists("/dev/nvidia0"):
