@@ -108,8 +108,7 @@ async def under_load(
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {admin}"}, timeout=30) as client:
         while time.monotonic() < deadline:
-            listed = (await client.get("/sweeps", params={"limit": 1000})).json()
-            rows = listed["sweeps"] if isinstance(listed, dict) else listed
+            rows = (await client.get("/sweeps", params={"limit": 1000})).json()["sweeps"]
             if rows and all(r["state"] not in ("queued", "running") for r in rows):
                 break
             await asyncio.sleep(2.0)

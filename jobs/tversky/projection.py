@@ -7,10 +7,19 @@ from typing import Any
 
 from jobs.layers.tversky import TverskyProjection
 
-OPTIONS = ("intersection", "difference", "similarity", "normalize", "prototype_init", "feature_init", "init_scale")
+OPTIONS = (
+    "intersection",
+    "difference",
+    "similarity",
+    "normalize",
+    "prototype_init",
+    "feature_init",
+    "init_scale",
+    "semantics",
+)
 
 
 def projection_from(cfg: Any, in_features: int, out_features: int) -> TverskyProjection:
     """TverskyProjection(in_features -> out_features) with the config's bank size, options and semantics."""
     options = {name: getattr(cfg, name) for name in OPTIONS}
-    return TverskyProjection(in_features, out_features, num_features=cfg.features, semantics=cfg.semantics, **options)
+    return TverskyProjection(in_features, out_features, num_features=cfg.features, **options)
